@@ -1,0 +1,29 @@
+# Each target sets up its own environment, so a fresh clone needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU build of PyTorch; a loose `torch` would pull a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[torch,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tuimon demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/ingest.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

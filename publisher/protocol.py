@@ -1,0 +1,178 @@
+"""The tuimon wire protocol: single-frame JSON messages, versioned.
+
+This module is the one place that knows the message shapes. The publisher builds messages
+with :func:`make_message`, the viewer checks them with :func:`decode`; recordings are the same
+bytes, one message a line. It depends on nothing but the standard library so both sides (and
+other tools) can import it without torch or textual. The human-readable contract is
+``docs/protocol.md``; change either only together, and bump :data:`PROTOCOL_VERSION` when a
+change would break a reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+#: Larger messages are refused by the viewer (counted and skipped). The largest legitimate
+#: message is a ``gpu`` message for a big node or an ``event`` with rich details: far below this.
+MAX_MESSAGE_BYTES = 1 << 20
+
+MESSAGE_TYPES = frozenset(
+    {"run_start", "metrics", "gpu", "event", "invariant", "heartbeat", "run_end"}
+)
+SEVERITIES = ("info", "warning", "critical")
+INVARIANT_STATUSES = ("ok", "violated", "unchecked")
+RUN_END_STATUSES = ("completed", "failed", "interrupted")
+
+#: Envelope fields every message carries.
+ENVELOPE_FIELDS = ("v", "type", "run", "rank", "host", "ts", "seq")
+
+#: Snapshot exchange (late joiners), on the publisher's ROUTER socket whose address every
+#: heartbeat advertises in ``"snapshot"``. The viewer sends one frame ``SNAPSHOT_REQUEST``
+#: from a DEALER; the reply is one multipart message: a header frame
+#: ``{"v": 1, "type": "snapshot", "seq": <last seq included>, "count": n}`` followed by n frames,
+#: each an ordinary wire message, in ``seq`` order.
+SNAPSHOT_REQUEST = b'{"v": 1, "type": "snapshot_request"}'
+
+# Non-finite floats are not JSON. On the wire they are these strings, so that any JSON reader
+# (jq, a browser) can read a recording of a run whose loss went NaN.
+_NONFINITE_TO_WIRE = {"nan": "nan", "inf": "inf", "-inf": "-inf"}
+_WIRE_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid tuimon protocol: the viewer counts it and skips it."""
+
+
+def wire_number(value: float | int | None) -> float | int | str | None:
+    """Turn a number into its wire form: finite numbers as they are, NaN/Inf as strings."""
+    if value is None or isinstance(value, int):
+        return value
+    value = float(value)
+    if math.isfinite(value):
+        return value
+    return _NONFINITE_TO_WIRE[repr(value)]
+
+
+def read_number(value: Any) -> float | None:
+    """The inverse of :func:`wire_number`: a float (possibly NaN/Inf) or None if absent.
+
+    Raises :class:`ProtocolError` for anything that is not a number or a non-finite marker.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ProtocolError(f"expected a number, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value in _WIRE_TO_FLOAT:
+        return _WIRE_TO_FLOAT[value]
+    raise ProtocolError(f"expected a number, got {value!r}")
+
+
+def wire_numbers(values: Mapping[str, float | int | None]) -> dict[str, float | int | str | None]:
+    """Wire form of a name → number mapping (a metrics dict)."""
+    return {name: wire_number(v) for name, v in values.items()}
+
+
+def make_message(
+    msg_type: str,
+    *,
+    run: str,
+    rank: int,
+    host: str,
+    ts: float,
+    seq: int,
+    step: int | None = None,
+    **body: Any,
+) -> dict[str, Any]:
+    """Build a message dict with the envelope first. ``body`` must already be JSON-safe."""
+    if msg_type not in MESSAGE_TYPES:
+        raise ValueError(f"unknown message type {msg_type!r}")
+    message: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "type": msg_type,
+        "run": run,
+        "rank": rank,
+        "host": host,
+        "ts": ts,
+        "seq": seq,
+    }
+    if step is not None:
+        message["step"] = step
+    message.update(body)
+    return message
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """Serialise one message to its single-frame wire form (compact UTF-8 JSON, no NaN)."""
+    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _require(message: Mapping[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:
+    value = message.get(field)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ProtocolError(f"field {field!r} missing or not {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _check_body(message: Mapping[str, Any]) -> None:
+    """Type-specific checks: only what the viewer relies on, so that additions stay compatible."""
+    msg_type = message["type"]
+    if msg_type == "metrics":
+        _require(message, "step", int)
+        values = _require(message, "metrics", dict)
+        for name, value in values.items():
+            try:
+                read_number(value)
+            except ProtocolError as exc:
+                raise ProtocolError(f"metric {name!r}: {exc}") from None
+    elif msg_type == "gpu":
+        devices = _require(message, "devices", list)
+        for device in devices:
+            if not isinstance(device, dict) or not isinstance(device.get("index"), int):
+                raise ProtocolError("each gpu device needs an integer 'index'")
+    elif msg_type == "event":
+        if message.get("severity") not in SEVERITIES:
+            raise ProtocolError(f"event severity must be one of {SEVERITIES}")
+        _require(message, "kind", str)
+        _require(message, "message", str)
+    elif msg_type == "invariant":
+        _require(message, "name", str)
+        if message.get("status") not in INVARIANT_STATUSES:
+            raise ProtocolError(f"invariant status must be one of {INVARIANT_STATUSES}")
+    elif msg_type == "run_end" and message.get("status") not in RUN_END_STATUSES:
+        raise ProtocolError(f"run_end status must be one of {RUN_END_STATUSES}")
+
+
+def decode(frame: bytes | str) -> dict[str, Any]:
+    """Parse and validate one wire message. Raises :class:`ProtocolError` on anything wrong.
+
+    Size is checked before parsing so an oversized frame costs nothing to refuse.
+    """
+    if len(frame) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(frame)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        message = json.loads(frame)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("message is not a JSON object")
+    version = message.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
+    if message.get("type") not in MESSAGE_TYPES:
+        raise ProtocolError(f"unknown message type {message.get('type')!r}")
+    _require(message, "run", str)
+    _require(message, "rank", int)
+    _require(message, "host", str)
+    _require(message, "ts", int | float)
+    _require(message, "seq", int)
+    if "step" in message and not isinstance(message["step"], int):
+        raise ProtocolError("field 'step' is not an integer")
+    _check_body(message)
+    return message
