@@ -1,0 +1,51 @@
+"""The canonical event kinds: one name per symptom, shared by detectors, runbooks and the viewer.
+
+Detectors emit only these kinds; every kind has a runbook in ``incidents/runbooks/`` (a test
+checks both directions). Adding a kind means adding its runbook.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class EventKind(NamedTuple):
+    name: str
+    default_severity: str
+    summary: str
+
+
+EVENT_KINDS: dict[str, EventKind] = {
+    kind.name: kind
+    for kind in (
+        # Numerical failures.
+        EventKind("nonfinite_loss", "critical", "loss is NaN or Inf"),
+        EventKind("nonfinite_grad", "critical", "a gradient holds NaN or Inf"),
+        EventKind("nonfinite_param", "critical", "a parameter holds NaN or Inf"),
+        # Optimisation health.
+        EventKind("loss_spike", "warning", "loss jumped far above its recent level"),
+        EventKind("loss_plateau", "warning", "loss is not decreasing"),
+        EventKind("grad_explosion", "warning", "gradient norm far above its recent level"),
+        EventKind("vanishing_gradient", "warning", "gradients too small to train"),
+        EventKind("dead_activations", "warning", "a layer outputs (almost) only zeros"),
+        EventKind("update_ratio", "warning", "weight update / weight ratio out of range"),
+        # Speed.
+        EventKind("throughput_drop", "warning", "throughput fell well below its recent level"),
+        EventKind("step_time_outlier", "info", "one step took far longer than usual"),
+        EventKind("data_bottleneck", "warning", "waiting for data dominates the step"),
+        EventKind("memory_growth", "warning", "host or GPU memory keeps growing across steps"),
+        # GPUs (NVML).
+        EventKind("gpu_imbalance", "warning", "one GPU is far less busy than the others"),
+        EventKind("gpu_low_util", "warning", "GPUs are mostly idle"),
+        EventKind("gpu_throttle", "warning", "a GPU is throttling (thermal or power)"),
+        EventKind("gpu_ecc", "critical", "a GPU reports ECC memory errors"),
+        # Training invariants (rules every healthy run keeps; after TrainCheck, OSDI 2025).
+        EventKind("optimizer_noop", "critical", "optimizer.step() left its parameters unchanged"),
+        EventKind("missing_gradient", "critical", "a trained parameter never receives a gradient"),
+        EventKind("stale_gradients", "critical", "gradients are not cleared between steps"),
+        EventKind("eval_mode_training", "warning", "the model is trained while in eval() mode"),
+        EventKind("replica_divergence", "critical", "data-parallel replicas hold different weights"),
+        EventKind("unowned_parameters", "info", "trainable parameters that no optimizer owns"),
+        EventKind("frozen_param_changed", "critical", "a frozen parameter changed"),
+    )
+}
