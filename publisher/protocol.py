@@ -90,9 +90,16 @@ def make_message(
     step: int | None = None,
     **body: Any,
 ) -> dict[str, Any]:
-    """Build a message dict with the envelope first. ``body`` must already be JSON-safe."""
+    """Build a message dict with the envelope first. ``body`` must already be JSON-safe.
+
+    ``body`` may not carry ``v`` or ``type``: they would silently overwrite the envelope and the
+    message would lie about its version or kind (the other envelope fields are parameters, so
+    Python already refuses them twice).
+    """
     if msg_type not in MESSAGE_TYPES:
         raise ValueError(f"unknown message type {msg_type!r}")
+    if "v" in body or "type" in body:
+        raise ValueError("a message body may not set the envelope fields 'v' or 'type'")
     message: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "type": msg_type,
@@ -158,7 +165,8 @@ def decode(frame: bytes | str) -> dict[str, Any]:
         raise ProtocolError(f"message of {len(frame)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
         message = json.loads(frame)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: a small frame of nested brackets ("[[[[...") must not kill the reader.
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError("message is not a JSON object")

@@ -1,0 +1,408 @@
+"""``Monitor``: the few lines a PyTorch training loop adds to be watched live by tuimon.
+
+    mon = Monitor(model, optimizer, run="exp1", config=cfg, record="run.jsonl")
+    for batch in mon.track_data(loader):      # optional: measures data_time
+        loss = ...; loss.backward(); optimizer.step()
+        mon.step(loss, tokens=n_tokens, samples=batch_size)
+        optimizer.zero_grad()
+    mon.close()                               # or: with Monitor(...) as mon: ...
+
+The training thread only reads a few numbers and enqueues one dict per step; encoding, sending
+and recording happen on the publisher's thread, GPU polling on the sampler's thread. Telemetry
+must never cost a run: after construction, nothing here raises because of monitoring (errors are
+counted in :attr:`Monitor.telemetry_errors` and logged once).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+
+from publisher import sysinfo
+from publisher.detectors import Detector, DetectorSet, default_detectors
+from publisher.event_kinds import EVENT_KINDS
+from publisher.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
+from publisher.jsonsafe import json_safe
+from publisher.protocol import SEVERITIES, wire_numbers
+from publisher.transport import Publisher, end_status
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Host RSS is a syscall: read it at most this often, not every step.
+HOST_MEM_INTERVAL_S = 0.5
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _distributed() -> Any:
+    """``torch.distributed`` when a process group is up, else None."""
+    dist = torch.distributed
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _default_rank() -> int:
+    rank = _env_int("RANK")
+    if rank is not None:
+        return rank
+    dist = _distributed()
+    return dist.get_rank() if dist else 0
+
+
+def _default_world_size() -> int:
+    size = _env_int("WORLD_SIZE")
+    if size is not None:
+        return size
+    dist = _distributed()
+    return dist.get_world_size() if dist else 1
+
+
+def _default_run_name() -> str:
+    """``$TUIMON_RUN``, else a timestamp (set TUIMON_RUN so that all ranks share one name)."""
+    return os.environ.get("TUIMON_RUN") or time.strftime("run-%Y%m%d-%H%M%S")
+
+
+def _describe_model(model: torch.nn.Module | None) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    params = list(model.parameters())
+    return {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in params),
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+    }
+
+
+class Monitor:
+    """Collects a run's metrics, GPU readings and anomaly events and publishes them for tuimon.
+
+    Construction sends ``run_start`` (config, seed, command, versions, reproduction record) and
+    starts GPU sampling; it raises on bad arguments (an unusable ``endpoint``, ``gpu="nvml"``
+    without a driver) because that is the moment a user can fix them.
+
+    ``gpu``: ``"auto"`` (NVML when there is a driver, else off, said once), ``"nvml"``,
+    ``"simulated"`` (a demo source, marked simulated everywhere) or ``"none"``. GPUs are the
+    node's, so only local rank 0 (``$LOCAL_RANK``, default 0) samples them.
+    ``detectors``: True for :func:`~publisher.detectors.default_detectors`, False for none, or
+    your own list of :class:`~publisher.detectors.Detector`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        run: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        endpoint: str | None = None,
+        record: str | os.PathLike[str] | None = None,
+        gpu: str = "auto",
+        gpu_interval: float = 1.0,
+        detectors: bool | Iterable[Detector] = True,
+    ) -> None:
+        self.run = run or _default_run_name()
+        self.rank = _default_rank() if rank is None else rank
+        self.world_size = _default_world_size() if world_size is None else world_size
+        self.telemetry_errors = 0
+        self._closed = False
+        self._pid = os.getpid()
+        self._optimizer = optimizer
+        self._model = model
+        self._params = self._trained_params()
+        self._n_groups = len(optimizer.param_groups) if optimizer is not None else 0
+        self._mixed_devices = False
+        self._step = 0
+        self._last_step_at: float | None = None
+        self._last_step_time = 0.0
+        self._mem_at = -math.inf
+        self._pending_data_time: float | None = None
+
+        local_rank = _env_int("LOCAL_RANK") or 0
+        self.gpu_source: GpuSource | None = open_gpu_source(gpu) if local_rank == 0 else None
+        self.publisher = Publisher(self.run, self.rank, endpoint=endpoint, record=record)
+        chosen = default_detectors() if detectors is True else list(detectors or ())
+        self._detectors = DetectorSet(chosen, self._emit_event, rank=self.rank)
+
+        if seed is None:
+            seed = sysinfo.torch_seed()
+        self._publish(
+            "run_start",
+            None,
+            config=json_safe(dict(config or {})),
+            seed=seed,
+            argv=list(sys.argv),
+            cwd=os.getcwd(),
+            pid=os.getpid(),
+            world_size=self.world_size,
+            versions=sysinfo.versions(),
+            gpu_source=self.gpu_source.kind if self.gpu_source else "none",
+            repro=sysinfo.reproduction_record(config, seed),
+            model=_describe_model(model),
+        )
+        self._sampler: GpuSampler | None = None
+        if self.gpu_source is not None:
+            if isinstance(self.gpu_source, SimulatedSource):
+                self.gpu_source.follow(self._training_load)
+            self._sampler = GpuSampler(self.gpu_source, self._on_gpu_sample, gpu_interval).start()
+        atexit.register(self._close_at_exit)
+
+    # -- the hot path ---------------------------------------------------------------------------
+
+    def step(
+        self,
+        loss: torch.Tensor | float,
+        *,
+        tokens: int | None = None,
+        samples: int | None = None,
+        data_time: float | None = None,
+        step: int | None = None,
+        **extra: Any,
+    ) -> None:
+        """Record one optimizer step: call it after ``optimizer.step()``, before ``zero_grad()``.
+
+        Publishes ``loss``, ``lr`` (``lr/1``... for further param groups), ``grad_norm`` (global
+        L2 norm of the ``.grad`` the optimizer just used, i.e. after any clipping; pass
+        ``grad_norm=`` yourself to report the pre-clip value ``clip_grad_norm_`` returns),
+        ``step_time`` and throughput since the previous call, ``data_time`` (given, or measured
+        by :meth:`track_data`), ``host_mem_bytes`` (every 0.5 s) and any numeric ``extra``.
+        ``step`` defaults to the previous step + 1 (the first call is step 1).
+
+        Host-device syncs on CUDA: reading the loss and the grad norm costs one sync per step (they
+        are read together); extra metrics given as CUDA tensors cost one each. Pass Python floats
+        you already have to avoid them. Nothing here raises because of telemetry.
+        """
+        try:
+            self._record_step(loss, tokens, samples, data_time, step, extra)
+        except Exception as exc:
+            self._telemetry_failed("step()", exc)
+
+    def _record_step(
+        self,
+        loss: torch.Tensor | float,
+        tokens: int | None,
+        samples: int | None,
+        data_time: float | None,
+        step: int | None,
+        extra: dict[str, Any],
+    ) -> None:
+        now = time.perf_counter()
+        step = self._step + 1 if step is None else int(step)
+        self._step = step
+        metrics: dict[str, float] = {}
+        grad_norm = None if "grad_norm" in extra or not self._params else self._grad_norm()
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach()
+            if grad_norm is not None and loss.device.type != "cpu" and grad_norm.device == loss.device:
+                loss, grad_norm = torch.stack([loss.reshape(()).float(), grad_norm.float()]).tolist()
+            else:
+                loss = loss.item()
+        metrics["loss"] = float(loss)
+        optimizer = self._optimizer
+        if optimizer is not None:
+            groups = optimizer.param_groups
+            metrics["lr"] = float(groups[0]["lr"])
+            for i in range(1, len(groups)):
+                metrics[f"lr/{i}"] = float(groups[i]["lr"])
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        previous = self._last_step_at
+        self._last_step_at = now
+        if previous is not None:
+            elapsed = now - previous
+            self._last_step_time = elapsed
+            metrics["step_time"] = elapsed
+            if elapsed > 0:
+                if samples:
+                    metrics["samples_per_s"] = samples / elapsed
+                if tokens:
+                    metrics["tokens_per_s"] = tokens / elapsed
+        if data_time is None:
+            data_time, self._pending_data_time = self._pending_data_time, None
+        if data_time is not None:
+            metrics["data_time"] = float(data_time)
+        if now - self._mem_at >= HOST_MEM_INTERVAL_S:
+            self._mem_at = now
+            metrics["host_mem_bytes"] = sysinfo.host_rss_bytes()
+        for name, value in extra.items():
+            try:
+                metrics[name] = float(value)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                self._telemetry_failed(f"metric {name!r}", exc)
+        self.publisher.publish("metrics", step=step, metrics=wire_numbers(metrics))
+        self._detectors.observe_step(step, metrics)
+
+    def _grad_norm(self) -> torch.Tensor | None:
+        """Global L2 norm of the current gradients as a 0-d tensor on their device (no sync).
+
+        One fused ``_foreach_norm`` plus one ``vector_norm``; models spread over several devices
+        take ``get_total_norm``'s slower per-device path (detected once).
+        """
+        if self._optimizer is not None and len(self._optimizer.param_groups) != self._n_groups:
+            self._n_groups = len(self._optimizer.param_groups)  # add_param_group() since last step
+            self._params = self._trained_params()
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads:
+            return None
+        if not self._mixed_devices:
+            try:
+                return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)), dtype=torch.float32)
+            except RuntimeError:
+                self._mixed_devices = True
+        return torch.nn.utils.get_total_norm(grads)
+
+    def _trained_params(self) -> list[torch.Tensor]:
+        if self._optimizer is not None:
+            return [p for group in self._optimizer.param_groups for p in group["params"]]
+        if self._model is not None:
+            return [p for p in self._model.parameters() if p.requires_grad]
+        return []
+
+    def track_data(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Iterate ``iterable``, timing each fetch; the next :meth:`step` reports it as ``data_time``."""
+        iterator = iter(iterable)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._pending_data_time = time.perf_counter() - started
+            yield item
+
+    # -- events, GPUs ---------------------------------------------------------------------------
+
+    def event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        severity: str | None = None,
+        step: int | None = None,
+        **details: Any,
+    ) -> str | None:
+        """Publish an event from training code (a known ``EVENT_KINDS`` name or your own kind).
+
+        ``severity`` defaults to the kind's (``info`` for unknown kinds); ``step`` to the latest
+        step. Returns the event's id, or None if it could not be published.
+        """
+        try:
+            known = EVENT_KINDS.get(kind)
+            if severity not in SEVERITIES:
+                if severity is not None:
+                    log.warning("tuimon: unknown severity %r for event %r; using the default", severity, kind)
+                severity = known.default_severity if known else "info"
+            event_id = self._detectors.tracker.new_id()
+            self.publisher.publish(
+                "event",
+                step=(self._step or None) if step is None else step,
+                id=event_id,
+                severity=severity,
+                kind=str(kind),
+                message=str(message),
+                details=json_safe(details),
+                count=1,
+            )
+            return event_id
+        except Exception as exc:
+            self._telemetry_failed("event()", exc)
+            return None
+
+    def _emit_event(self, step: int | None, body: dict[str, Any]) -> None:
+        self._publish("event", step, **body)
+
+    def _on_gpu_sample(self, devices: list[dict[str, Any]]) -> None:
+        """Sampler thread: publish the reading, then let the GPU detectors look at it."""
+        step = self._step or None
+        assert self.gpu_source is not None
+        self._publish("gpu", step, simulated=self.gpu_source.simulated, devices=json_safe(devices))
+        self._detectors.observe_gpu(step, devices)
+
+    def _training_load(self) -> float:
+        """1.0 while steps keep coming (a simulated GPU is then busy), 0.0 once they stop."""
+        last = self._last_step_at
+        if last is None or self._closed:
+            return 0.0
+        idle_after = max(2.0, 3.0 * self._last_step_time)
+        return 1.0 if time.perf_counter() - last < idle_after else 0.0
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """Address of the ZeroMQ PUB socket a viewer connects to."""
+        return self.publisher.endpoint
+
+    @property
+    def current_step(self) -> int:
+        """The last step recorded (0 before the first :meth:`step`)."""
+        return self._step
+
+    def _publish(self, msg_type: str, step: int | None, **body: Any) -> None:
+        try:
+            self.publisher.publish(msg_type, step=step, **body)
+        except Exception as exc:
+            self._telemetry_failed(f"publishing {msg_type}", exc)
+
+    def _telemetry_failed(self, what: str, exc: BaseException) -> None:
+        self.telemetry_errors += 1
+        if self.telemetry_errors == 1:
+            log.warning(
+                "tuimon: %s failed (%s: %s); training continues, further telemetry errors are only counted",
+                what,
+                type(exc).__name__,
+                exc,
+            )
+
+    def close(self, status: str = "completed", error: str | None = None) -> None:
+        """Stop GPU sampling, send held-back event updates, then ``run_end``; idempotent, never raises."""
+        if self._closed or os.getpid() != self._pid:  # a forked child (DataLoader worker) owns nothing
+            return
+        self._closed = True
+        atexit.unregister(self._close_at_exit)
+        steps = (
+            (self._sampler.stop if self._sampler else None),
+            (self.gpu_source.close if self.gpu_source else None),
+            self._detectors.close,
+            lambda: self.publisher.close(status=status, error=error),
+        )
+        for action in steps:
+            if action is None:
+                continue
+            try:
+                action()
+            except Exception as exc:
+                self._telemetry_failed("close()", exc)
+
+    def _close_at_exit(self) -> None:
+        """The script ended without ``close()``: an uncaught exception means the run failed."""
+        self.close(*end_status(getattr(sys, "last_value", None)))
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(*end_status(exc))

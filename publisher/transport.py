@@ -1,0 +1,407 @@
+"""The publisher: takes messages from the training process and puts them on the wire, off its hot path.
+
+``publish()`` is the only part that runs on the training thread: it stamps the time and appends
+to a bounded queue, a few hundred nanoseconds, and never waits for anything. One sender thread
+owns everything slow: numbering, encoding, the ZeroMQ sockets (used only by that thread, as
+ZeroMQ requires), the recording, the snapshot history and the heartbeat.
+
+Losing messages is preferred to slowing training, and every loss is visible:
+
+- the queue is full (the sender cannot keep up): the message is dropped and counted in
+  ``heartbeat.stats.dropped``;
+- a viewer falls behind (it is frozen, suspended with Ctrl-Z, or on a slow link): once its
+  high-water mark is reached, ZeroMQ's PUB socket drops the messages *for that viewer only*, and
+  that viewer sees the loss as gaps in ``seq``. The publisher deliberately does not set
+  ``XPUB_NODROP``: with it, ZeroMQ refuses a message for *every* viewer as soon as *one* is full,
+  so a single suspended viewer would blank every other viewer of the run, heartbeats included.
+
+The recording and the snapshot history receive every numbered message whether or not any viewer
+got it, so a recording is complete even while nobody watches.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import zmq
+
+from publisher import registry
+from publisher.history import SnapshotHistory
+from publisher.protocol import MESSAGE_TYPES, PROTOCOL_VERSION, RUN_END_STATUSES, encode, make_message
+from publisher.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+#: Loopback only: a run is visible from other machines only when the user asks for it.
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:*"
+_ENDPOINT_EXAMPLES = (
+    "tcp://127.0.0.1:* (any free port, this machine only) or tcp://0.0.0.0:5555 (all interfaces)"
+)
+
+#: Longest sleep of the idle sender: bounds the delay of a message, of a heartbeat and of close().
+_IDLE_POLL_MS = 20
+#: Messages sent between two looks at the snapshot socket, so a burst cannot starve late joiners.
+_BATCH = 1_000
+#: Snapshot requests served per wake-up, so a client spamming requests cannot starve the stream.
+_REQUESTS_PER_WAKE = 4
+#: A snapshot request is ~40 bytes; ZeroMQ disconnects a peer that sends more than this.
+_MAX_REQUEST_BYTES = 4_096
+#: Snapshot replies queued per viewer; each can be megabytes, and a viewer needs only one.
+_SNAPSHOT_HWM = 8
+#: How long closing may wait to deliver the last messages (run_end) to viewers that are reading.
+_LINGER_MS = 200
+
+_QueuedMessage = tuple[str, int | None, float, dict[str, Any]]  # (type, step, ts, body)
+
+
+def _snapshot_address(pub_endpoint: str) -> str:
+    """Where to bind the snapshot socket: the PUB's interface with a free port (tcp), or beside it."""
+    if pub_endpoint.startswith("tcp://"):
+        return pub_endpoint.rpartition(":")[0] + ":*"
+    return pub_endpoint + ".snapshot"
+
+
+def _is_snapshot_request(frame: bytes) -> bool:
+    """Whether a frame is a snapshot request: any JSON spelling of ``protocol.SNAPSHOT_REQUEST``."""
+    try:
+        request = json.loads(frame)
+    except (ValueError, RecursionError):
+        return False
+    return (
+        isinstance(request, dict)
+        and request.get("v") == PROTOCOL_VERSION
+        and request.get("type") == "snapshot_request"
+    )
+
+
+def end_status(exc: BaseException | None) -> tuple[str, str | None]:
+    """The ``run_end`` status and error for a run that ended with ``exc`` (None: it completed)."""
+    if exc is None:
+        return "completed", None
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", None
+    return "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+
+
+class Publisher:
+    """One rank's stream: PUB socket, snapshot ROUTER socket, recording and registry entry.
+
+    Binding happens here, in the constructor, so that a wrong address or an unwritable recording
+    path fails at start-up with a clear message rather than silently later.
+    """
+
+    def __init__(
+        self,
+        run: str,
+        rank: int = 0,
+        *,
+        host: str | None = None,
+        endpoint: str | None = None,
+        record: str | os.PathLike[str] | None = None,
+        hwm: int = 10_000,
+        queue_max: int = 100_000,
+        history_metrics: int = 10_000,
+        heartbeat_s: float = 1.0,
+        register: bool = True,
+    ) -> None:
+        if heartbeat_s <= 0:
+            raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s!r}")
+        self.run = run
+        self.rank = rank
+        self.host = host or socket.gethostname()
+        self._queue: deque[_QueuedMessage] = deque()
+        self._queue_max = queue_max
+        self._heartbeat_s = heartbeat_s
+        self._history = SnapshotHistory(max_metrics=history_metrics)
+        self._started = time.time()
+        self._pid = os.getpid()
+
+        # Written by publishing threads (under the lock: drops only, the fast path takes none).
+        self._drop_lock = threading.Lock()
+        self._queue_dropped = 0
+        # Written by the sender thread only; read by stats() from any thread.
+        self._seq = 0
+        self._sent = 0
+        self._send_dropped = 0
+        self._recorded = 0
+        self._bad_requests = 0
+        self._last_step: int | None = None
+        self._warned: set[tuple[str, type]] = set()
+
+        # Closing: close() fills these in, then sets _stop (which publishes them to the sender).
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._close_started = False
+        self._stop = threading.Event()
+        self._stop_deadline = 0.0
+        self._end_body: dict[str, Any] = {}
+
+        # An own context: terminating it on close cannot disturb ZeroMQ use elsewhere in the process.
+        self._context = zmq.Context()
+        try:
+            self._pub, self._router = self._bind(DEFAULT_ENDPOINT if endpoint is None else endpoint, hwm)
+            self._recorder = None if record is None else Recorder(record)
+        except BaseException:
+            self._context.destroy(linger=0)
+            raise
+        # Thread start is a memory barrier: from here on only the sender thread touches the sockets.
+        self._thread = threading.Thread(
+            target=self._run_sender, name=f"tuimon-publisher-{rank}", daemon=True
+        )
+        self._thread.start()
+        self._registry_path = self._register() if register else None
+        atexit.register(self._close_at_exit)
+
+    def _bind(self, endpoint: str, hwm: int) -> tuple[zmq.Socket, zmq.Socket]:
+        """Bind PUB on ``endpoint`` and the snapshot ROUTER on the same interface; ValueError if not."""
+        if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
+            raise ValueError(
+                f"cannot publish on {endpoint!r}: not a tcp:// or ipc:// address; "
+                f"use an address such as {_ENDPOINT_EXAMPLES}"
+            )
+        pub = self._context.socket(zmq.PUB)
+        pub.sndhwm = hwm
+        pub.linger = _LINGER_MS
+        router = self._context.socket(zmq.ROUTER)
+        router.sndhwm = _SNAPSHOT_HWM
+        router.maxmsgsize = _MAX_REQUEST_BYTES
+        router.linger = 0
+        if "[" in endpoint:  # an IPv6 literal such as tcp://[::1]:*
+            pub.ipv6 = router.ipv6 = True
+        try:
+            pub.bind(endpoint)
+            self._endpoint = pub.last_endpoint.decode()
+            router.bind(_snapshot_address(self._endpoint))
+            self._snapshot_endpoint = router.last_endpoint.decode()
+        except zmq.ZMQError as exc:
+            raise ValueError(
+                f"cannot publish on {endpoint!r}: {zmq.strerror(exc.errno)}; "
+                f"use an address such as {_ENDPOINT_EXAMPLES}"
+            ) from None
+        return pub, router
+
+    def _register(self) -> Path | None:
+        """Announce the run to viewers on this node. A broken runtime folder must not stop training."""
+        record = None if self._recorder is None else os.path.abspath(self._recorder.path)
+        try:
+            return registry.register(
+                run=self.run,
+                rank=self.rank,
+                host=self.host,
+                pid=self._pid,
+                pub=self._endpoint,
+                snapshot=self._snapshot_endpoint,
+                record=record,
+                started=self._started,
+            )
+        except OSError as exc:
+            log.warning(
+                "tuimon: run %r is not discoverable (%s); viewers need its address %s",
+                self.run, exc, self._endpoint,
+            )
+            return None
+
+    @property
+    def endpoint(self) -> str:
+        """The PUB address actually bound, e.g. ``tcp://127.0.0.1:54321``."""
+        return self._endpoint
+
+    @property
+    def snapshot_endpoint(self) -> str:
+        """The snapshot ROUTER address (also in every heartbeat and in the registry entry)."""
+        return self._snapshot_endpoint
+
+    @property
+    def bad_requests(self) -> int:
+        """Frames on the snapshot socket that were not snapshot requests (ignored)."""
+        return self._bad_requests
+
+    def stats(self) -> dict[str, int]:
+        """Counts since start: ``sent``, ``dropped`` (never sent), ``queued``, ``recorded`` lines."""
+        return {
+            "sent": self._sent,
+            "dropped": self._queue_dropped + self._send_dropped,
+            "queued": len(self._queue),
+            "recorded": self._recorded,
+        }
+
+    def publish(self, msg_type: str, step: int | None = None, **body: Any) -> None:
+        """Queue one message; thread-safe, never blocks. Drops (and counts) it if the queue is full.
+
+        ``body`` must be JSON-safe with non-finite numbers already in wire form
+        (``protocol.wire_numbers``), and must not be mutated afterwards: it is encoded later, on
+        the sender thread. The envelope (run, rank, host, seq) is added there too.
+        """
+        if msg_type not in MESSAGE_TYPES:
+            raise ValueError(f"unknown message type {msg_type!r}; expected one of {sorted(MESSAGE_TYPES)}")
+        if self._closed or len(self._queue) >= self._queue_max:
+            with self._drop_lock:
+                self._queue_dropped += 1
+            return
+        self._queue.append((msg_type, step, time.time(), body))
+
+    # --- sender thread -------------------------------------------------------------------------
+
+    def _run_sender(self) -> None:
+        try:
+            self._send_until_stopped()
+            dropped_at_close = len(self._queue)
+            self._queue.clear()
+            self._send_dropped += dropped_at_close
+            self._emit("run_end", self._last_step, time.time(), self._end_body)
+        except Exception:
+            log.exception("tuimon: the publisher's sender thread failed; monitoring stops, training goes on")
+        finally:
+            self._closed = True
+            if self._recorder is not None:
+                try:
+                    self._recorder.close()
+                except OSError as exc:
+                    self._recording_failed(self._recorder, exc)
+            self._pub.close()
+            self._router.close()
+
+    def _send_until_stopped(self) -> None:
+        """Send what is queued, serve snapshots, beat; after close(), drain until empty or timeout."""
+        queue = self._queue
+        next_heartbeat = time.monotonic() + self._heartbeat_s
+        timeout_ms = 0
+        while True:
+            request_waiting = self._router.poll(timeout_ms, zmq.POLLIN)
+            # Send what was queued before serving a snapshot, so the snapshot includes it.
+            for _ in range(min(len(queue), _BATCH)):
+                self._emit(*queue.popleft())
+            if request_waiting:
+                self._serve_snapshots()
+            now = time.monotonic()
+            if self._stop.is_set() and (not queue or now >= self._stop_deadline):
+                return
+            if now >= next_heartbeat:
+                self._emit_heartbeat()
+                next_heartbeat = now + self._heartbeat_s
+            if self._recorder is not None:
+                try:
+                    self._recorder.flush_if_due()
+                except OSError as exc:
+                    self._recording_failed(self._recorder, exc)
+            timeout_ms = 0 if queue else min(_IDLE_POLL_MS, max(0, int((next_heartbeat - now) * 1000)))
+
+    def _emit(self, msg_type: str, step: int | None, ts: float, body: dict[str, Any]) -> None:
+        """Number, encode once, send, record and remember one message."""
+        if step is not None and (self._last_step is None or step > self._last_step):
+            self._last_step = step
+        try:
+            message = make_message(
+                msg_type, run=self.run, rank=self.rank, host=self.host, ts=ts, seq=self._seq, step=step,
+                **body,
+            )
+            frame = encode(message)
+        except (TypeError, ValueError) as exc:
+            # A bug in the caller (a tensor in the body, a NaN not in wire form): lose this message,
+            # say so once per kind of mistake, keep the stream going.
+            self._send_dropped += 1
+            self._warn_once(msg_type, exc)
+            return
+        self._seq += 1
+        try:
+            self._pub.send(frame, zmq.NOBLOCK)
+            self._sent += 1
+        except zmq.ZMQError as exc:
+            self._send_dropped += 1
+            self._warn_once(msg_type, exc)
+        if self._recorder is not None:
+            try:
+                self._recorder.append(frame)
+                self._recorded += 1
+            except OSError as exc:
+                self._recording_failed(self._recorder, exc)
+        self._history.add(message, frame)
+
+    def _emit_heartbeat(self) -> None:
+        body = {"snapshot": self._snapshot_endpoint, "stats": self.stats()}
+        self._emit("heartbeat", self._last_step, time.time(), body)
+
+    def _serve_snapshots(self) -> None:
+        """Answer pending snapshot requests with the history (the "clone" pattern, docs/protocol.md)."""
+        for _ in range(_REQUESTS_PER_WAKE):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # Everything before the request is the routing envelope (a DEALER's identity, plus an
+            # empty delimiter from a REQ client, plus one identity per proxy hop): echo it back.
+            envelope, request = frames[:-1], frames[-1]
+            if not envelope or not _is_snapshot_request(request):
+                self._bad_requests += 1
+                continue
+            content = self._history.frames()
+            state = {"seq": self._history.last_seq, "count": len(content)}
+            header = encode({"v": PROTOCOL_VERSION, "type": "snapshot", **state})
+            # A viewer that left or stopped reading simply misses its reply (ROUTER drops it).
+            self._router.send_multipart([*envelope, header, *content], zmq.NOBLOCK)
+
+    def _recording_failed(self, recorder: Recorder, exc: OSError) -> None:
+        """A failing disk ends the recording, not the run: the live stream carries on."""
+        self._recorder = None
+        log.error("tuimon: recording to %s stopped: %s", recorder.path, exc)
+        with contextlib.suppress(OSError):  # already reported; the file is unusable anyway
+            recorder.close()
+
+    def _warn_once(self, msg_type: str, exc: Exception) -> None:
+        key = (msg_type, type(exc))
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("tuimon: %s message dropped: %s (more such are counted, not logged)", msg_type, exc)
+
+    # --- closing ---------------------------------------------------------------------------------
+
+    def close(self, status: str = "completed", error: str | None = None, timeout: float = 2.0) -> None:
+        """Send ``run_end``, deliver what is queued (at most ``timeout`` s), close everything.
+
+        Idempotent and safe from any thread. Messages published after this are dropped.
+        """
+        if status not in RUN_END_STATUSES:
+            raise ValueError(f"run_end status must be one of {RUN_END_STATUSES}, got {status!r}")
+        with self._close_lock:
+            if self._close_started:
+                return
+            self._close_started = True
+        atexit.unregister(self._close_at_exit)
+        if os.getpid() != self._pid:
+            return  # a forked child (e.g. a DataLoader worker) owns neither the thread nor the entry
+        self._end_body = {"status": status} if error is None else {"status": status, "error": error}
+        self._stop_deadline = time.monotonic() + timeout
+        self._closed = True
+        self._stop.set()
+        self._thread.join(timeout + 1.0)
+        if self._thread.is_alive():
+            log.warning("tuimon: the publisher did not stop within %.1f s; leaving it behind", timeout)
+        else:
+            self._context.term()  # waits at most _LINGER_MS for viewers to take run_end
+        if self._registry_path is not None:
+            registry.unregister(self._registry_path)
+
+    def _close_at_exit(self) -> None:
+        """The script ended without close(): report how (an uncaught exception sets sys.last_value)."""
+        status, error = end_status(getattr(sys, "last_value", None))
+        self.close(status, error)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(*end_status(exc))

@@ -1,0 +1,273 @@
+"""The Monitor in real PyTorch training loops on the CPU, seen through a real SUB socket and recordings."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import zmq
+from publisher_client import Message, receive_until, request_snapshot, subscribe
+
+from publisher.monitor import Monitor
+from publisher.protocol import decode, read_number
+
+
+@pytest.fixture(autouse=True)
+def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "runtime"
+    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+class Regression:
+    """A learnable task: y = x @ w + noise, fitted by a small MLP (real autograd, real optimizer)."""
+
+    def __init__(self, seed: int, batch: int = 32, lr: float = 1e-2) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.true_w = torch.randn(16, 1, generator=self.generator)
+        self.batch = batch
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def forward_backward(self, corrupt: bool = False, poison: bool = False) -> torch.Tensor:
+        x = torch.randn(self.batch, 16, generator=self.generator)
+        y = x @ self.true_w + 0.1 * torch.randn(self.batch, 1, generator=self.generator)
+        if corrupt:
+            y = y * 30.0
+        if poison:
+            x[0, 0] = math.nan
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        loss.backward()
+        return loss
+
+    def train(self, mon: Monitor, steps: int, corrupt_at: set[int] = frozenset(), nan_at: set[int] = frozenset()):
+        """Train ``steps`` steps; returns the reference grad norm of each step (computed independently)."""
+        reference = []
+        for step in range(1, steps + 1):
+            loss = self.forward_backward(corrupt=step in corrupt_at, poison=step in nan_at)
+            grads = [p.grad for p in self.model.parameters()]
+            reference.append(float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads))))
+            if torch.isfinite(loss):
+                self.optimizer.step()
+            mon.step(loss, samples=self.batch, tokens=self.batch * 16)
+        return reference
+
+
+def messages_in(record: Path) -> list[Message]:
+    return [decode(line) for line in record.read_bytes().splitlines()]
+
+
+def of_type(messages: list[Message], msg_type: str) -> list[Message]:
+    return [m for m in messages if m["type"] == msg_type]
+
+
+def test_a_real_loop_is_seen_live_by_a_subscriber(context: zmq.Context, tmp_path: Path) -> None:
+    task = Regression(seed=0)
+    record = tmp_path / "run.jsonl"
+    mon = Monitor(
+        task.model,
+        task.optimizer,
+        run="exp1",
+        config={"lr": 1e-2, "layers": (16, 32, 1), "data": Path("/data/x")},
+        seed=0,
+        record=record,
+        gpu="none",
+    )
+    sub = subscribe(context, mon.endpoint)
+    receive_until(sub, lambda m: m["type"] == "heartbeat")  # the SUB has joined
+    reference = task.train(mon, steps=300)
+    mon.close()
+    live = receive_until(sub, lambda m: m["type"] == "run_end")
+    assert live[-1]["status"] == "completed" and live[-1]["step"] == 300
+
+    metrics = of_type(live, "metrics")
+    assert [m["step"] for m in metrics] == list(range(1, 301)), "one metrics message per step, none lost"
+    losses = [read_number(m["metrics"]["loss"]) for m in metrics]
+    assert sum(losses[-30:]) < 0.2 * sum(losses[:30]), "the loss the viewer sees goes down"
+    for message, grad_norm in zip(metrics, reference, strict=True):
+        values = message["metrics"]
+        assert values["lr"] == 1e-2
+        assert values["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    later = metrics[-1]["metrics"]
+    assert later["step_time"] > 0
+    assert later["samples_per_s"] == pytest.approx(32 / later["step_time"])
+    assert later["tokens_per_s"] == pytest.approx(32 * 16 / later["step_time"])
+    assert "step_time" not in metrics[0]["metrics"], "no previous step to measure from"
+    assert metrics[0]["metrics"]["host_mem_bytes"] > 10_000_000
+
+    start = messages_in(record)[0]
+    assert start["type"] == "run_start" and start["run"] == "exp1"
+    assert start["config"] == {"lr": 1e-2, "layers": [16, 32, 1], "data": "PosixPath('/data/x')"}
+    assert start["seed"] == 0 and start["gpu_source"] == "none" and start["world_size"] == 1
+    assert start["versions"]["torch"] == torch.__version__ and start["versions"]["python"]
+    assert start["model"]["parameters"] == 16 * 32 + 32 + 32 + 1
+    assert start["repro"]["config_hash"] and start["repro"]["argv"] == sys.argv
+    assert set(start["repro"]["determinism"]) == {"deterministic_algorithms", "cudnn_benchmark", "cudnn_deterministic"}
+    assert not of_type(live, "event"), "a healthy run raises nothing"
+
+
+def test_a_late_viewer_gets_run_start_from_the_snapshot(context: zmq.Context) -> None:
+    task = Regression(seed=1)
+    with Monitor(task.model, task.optimizer, run="late", config={"a": 1}, gpu="none") as mon:
+        task.train(mon, steps=20)
+        header, snapshot = request_snapshot(context, mon.publisher.snapshot_endpoint)
+    assert snapshot[0]["type"] == "run_start" and snapshot[0]["config"] == {"a": 1}
+    assert [m["step"] for m in of_type(snapshot, "metrics")][-1] == 20
+
+
+def test_nan_losses_make_one_critical_event_whose_count_grows(tmp_path: Path) -> None:
+    task = Regression(seed=2)
+    record = tmp_path / "nan.jsonl"
+    with Monitor(task.model, task.optimizer, run="nan", record=record, gpu="none") as mon:
+        task.train(mon, steps=120, nan_at={60, 61, 62, 63, 64})
+    messages = messages_in(record)
+    losses = {m["step"]: m["metrics"]["loss"] for m in of_type(messages, "metrics")}
+    assert losses[60] == "nan" and losses[65] != "nan", "the NaN is on the wire in protocol form"
+    events = of_type(messages, "event")
+    assert {e["kind"] for e in events} == {"nonfinite_loss"}
+    assert len({e["id"] for e in events}) == 1, "one episode"
+    assert len(events) < 5, "not one event per NaN step"
+    assert events[0]["severity"] == "critical" and events[0]["step"] == 60 and events[0]["count"] == 1
+    assert events[-1]["count"] == 5 and events[-1]["details"]["last_step"] == 64
+    assert "step 60" in events[0]["message"]
+
+
+def test_a_corrupted_batch_is_reported_as_a_loss_spike(tmp_path: Path) -> None:
+    task = Regression(seed=3)
+    record = tmp_path / "spike.jsonl"
+    with Monitor(task.model, task.optimizer, run="spike", record=record, gpu="none") as mon:
+        task.train(mon, steps=200, corrupt_at={150})
+    (event,) = of_type(messages_in(record), "event")
+    assert (event["kind"], event["severity"], event["step"]) == ("loss_spike", "warning", 150)
+    details = event["details"]
+    assert details["ratio"] > 10 and details["value"] > details["baseline"]
+    assert details["step"] == 150 and details["rank"] == 0
+
+
+@pytest.mark.parametrize("seed", [10, 11, 12])
+def test_healthy_noisy_runs_raise_no_warning(tmp_path: Path, seed: int) -> None:
+    task = Regression(seed=seed, batch=4, lr=3e-3)  # tiny batches: a very noisy loss
+    record = tmp_path / "healthy.jsonl"
+    with Monitor(task.model, task.optimizer, run="healthy", record=record, gpu="none") as mon:
+        task.train(mon, steps=600)
+    messages = messages_in(record)
+    losses = [read_number(m["metrics"]["loss"]) for m in of_type(messages, "metrics")]
+    assert max(losses[100:]) > 3 * min(losses[100:]), "the run really is noisy"
+    assert [e["message"] for e in of_type(messages, "event")] == []
+
+
+def test_several_param_groups_extra_metrics_and_data_time(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(
+        [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[1].parameters(), "lr": 0.01}]
+    )
+    record = tmp_path / "groups.jsonl"
+    with Monitor(model, optimizer, run="groups", record=record, gpu="none") as mon:
+        for _batch in mon.track_data([torch.randn(8, 4) for _ in range(3)]):
+            loss = model(_batch).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            mon.step(loss, accuracy=torch.tensor(0.75), perplexity=12)
+            optimizer.zero_grad()
+    metrics = of_type(messages_in(record), "metrics")[-1]["metrics"]
+    assert (metrics["lr"], metrics["lr/1"]) == (0.1, 0.01)
+    assert (metrics["accuracy"], metrics["perplexity"]) == (0.75, 12.0)
+    assert 0 <= metrics["data_time"] < 0.1
+
+
+def test_user_events_get_ids_and_default_severities(tmp_path: Path) -> None:
+    record = tmp_path / "events.jsonl"
+    with Monitor(run="events", record=record, gpu="none") as mon:
+        mon.step(1.0)
+        first = mon.event("checkpoint", "checkpoint saved", path=Path("/ckpt/1"), size_mb=12.5)
+        second = mon.event("loss_plateau", "no progress for 1000 steps", step=7)
+        mon.event("data_bottleneck", "custom", severity="not-a-severity")
+    events = of_type(messages_in(record), "event")
+    assert [e["id"] for e in events[:2]] == [first, second] and first != second
+    assert [(e["kind"], e["severity"], e["step"]) for e in events] == [
+        ("checkpoint", "info", 1),
+        ("loss_plateau", "warning", 7),
+        ("data_bottleneck", "warning", 1),
+    ]
+    assert events[0]["details"] == {"path": "PosixPath('/ckpt/1')", "size_mb": 12.5}
+
+
+def test_the_monitor_never_raises_when_telemetry_breaks(tmp_path: Path) -> None:
+    task = Regression(seed=4)
+    mon = Monitor(task.model, task.optimizer, run="dead", gpu="none")
+    mon.publisher.close()  # the publisher is gone (closed underneath the Monitor)
+    task.train(mon, steps=5)
+    mon.step(torch.ones(3))  # not a scalar loss: a telemetry error, not a training error
+    mon.step(1.0, note="not a number")
+    assert mon.event("checkpoint", "saved") is not None
+    assert mon.telemetry_errors == 2
+    assert mon.publisher.stats()["dropped"] >= 5
+    mon.close()
+    mon.close()  # idempotent
+    mon.step(1.0)  # after close: dropped, still no exception
+
+
+@pytest.mark.parametrize(
+    ("exception", "status", "error"),
+    [(RuntimeError("CUDA out of memory"), "failed", "RuntimeError: CUDA out of memory"), (KeyboardInterrupt(), "interrupted", None)],
+)
+def test_an_exception_in_the_with_block_ends_the_run_with_its_status(
+    tmp_path: Path, exception: BaseException, status: str, error: str | None
+) -> None:
+    record = tmp_path / "end.jsonl"
+    with pytest.raises(type(exception)), Monitor(run="end", record=record, gpu="none") as mon:
+        mon.step(1.0)
+        raise exception
+    end = messages_in(record)[-1]
+    assert (end["type"], end["status"], end.get("error"), end["step"]) == ("run_end", status, error, 1)
+
+
+def run_script(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[str], list[Message]]:
+    record = tmp_path / "script.jsonl"
+    script = "from publisher.monitor import Monitor\n" + textwrap.dedent(body).format(record=str(record))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    return done, messages_in(record)
+
+
+def test_a_script_that_crashes_without_close_reports_failed(tmp_path: Path) -> None:
+    done, messages = run_script(
+        tmp_path,
+        """
+        mon = Monitor(run="crash", record={record!r}, gpu="none")
+        for step in range(3):
+            mon.step(1.0 / (2 - step))
+        """,
+    )
+    assert done.returncode == 1 and "ZeroDivisionError" in done.stderr
+    end = messages[-1]
+    assert (end["type"], end["status"], end["step"]) == ("run_end", "failed", 2)
+    assert end["error"].startswith("ZeroDivisionError")
+
+
+def test_a_script_that_forgets_close_still_completes(tmp_path: Path) -> None:
+    done, messages = run_script(
+        tmp_path,
+        """
+        mon = Monitor(run="forgot", record={record!r}, gpu="simulated", gpu_interval=0.01)
+        for step in range(3):
+            mon.step(1.0)
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (messages[-1]["type"], messages[-1]["status"]) == ("run_end", "completed")
+

@@ -1,0 +1,366 @@
+"""The tuimon dashboard: a Textual app over a live or replay source.
+
+The source fills a :class:`~tuimon.store.Store` on its own thread; this app only reads it, on two
+timers: numbers a few times a second, charts about once a second. Each panel is redrawn only when
+the store's version counter for what it shows moved (and charts only while no other screen covers
+the dashboard), so a fast run costs the terminal, and the SSH link, no more than a slow one.
+
+Other screens (the incident knowledge base) get what they need through :meth:`TuimonApp.event_context`:
+the selected event, the run and a window of metrics around the event, read from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer
+
+from tuimon.screens.event_detail import CONTEXT_STEPS, EventDetailScreen
+from tuimon.screens.help import HelpScreen
+from tuimon.store import THROUGHPUT_METRICS, EventRecord, RunView, Store
+from tuimon.themes import DEFAULT_THEME, THEME_ORDER, check_theme_name, load_themes
+from tuimon.widgets.charts import MetricChart
+from tuimon.widgets.events import EventLog
+from tuimon.widgets.gpu import GpuPanel
+from tuimon.widgets.header import RunHeader
+from tuimon.widgets.invariants import InvariantTable
+from tuimon.widgets.status import StatusLine
+
+#: Redraw rates (Hz): numbers and tables; charts (a plotext redraw costs far more).
+NUMBERS_HZ = 4.0
+CHARTS_HZ = 1.25
+#: The module an incident screen lives in; its key is shown only once it exists.
+INCIDENT_SCREEN_MODULE = "tuimon.screens.incidents"
+_REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_to"})
+
+
+class Source(Protocol):
+    """What the app needs from a source (:class:`~tuimon.receiver.LiveSource`,
+    :class:`~tuimon.replay.ReplaySource`)."""
+
+    kind: str
+    store: Store
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def where(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class EventContext:
+    """An event with its surroundings, for screens pushed from the dashboard.
+
+    ``window`` maps metric name to (steps, values) between ``event.step - before`` and
+    ``event.step + after`` (see :meth:`Store.metric_window`); ``store`` lets a screen read more.
+    """
+
+    store: Store
+    run: str
+    run_view: RunView | None
+    event: EventRecord
+    window: dict[str, tuple[list[int], list[float]]]
+
+
+class TuimonApp(App[None]):
+    """The dashboard. ``run`` preselects a run; ``exit_on_hangup`` makes SIGHUP/SIGTERM quit
+    cleanly (set by the commands; tests leave the process's signal handlers alone)."""
+
+    TITLE = "tuimon"
+    CSS = """
+    #top {
+        height: 24;
+    }
+    #bottom {
+        height: 1fr;
+    }
+    GpuPanel {
+        width: 64;
+    }
+    InvariantTable {
+        width: 72;
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?", tooltip="This list of keys"),
+        Binding("t", "next_theme", "Theme", tooltip="Next theme: dark, light, high contrast"),
+        Binding("r", "next_run", "Run", tooltip="Show the next run (when several are watched)"),
+        Binding("l", "chart('loss')", "Loss", tooltip="Chart the loss"),
+        Binding("g", "chart('grad_norm')", "Grad", tooltip="Chart the gradient norm"),
+        Binding("s", "chart('throughput')", "Speed", tooltip="Chart the throughput (tokens/s or samples/s)"),
+        Binding("c", "next_chart", "Chart", tooltip="Chart the next metric (lr, step time, ...)"),
+        Binding("e", "focus_events", "Events", tooltip="Focus the event log (up/down to select)"),
+        Binding("enter", "event_details", "Details", show=False, tooltip="Details of the selected event"),
+        Binding("i", "incidents", "Incidents", tooltip="Incident knowledge base for the selected event"),
+        Binding("space", "toggle_pause", "Pause", tooltip="Pause or resume the replay"),
+        Binding("plus", "faster", "Faster", key_display="+", tooltip="Replay faster (up to 64x, then max)"),
+        Binding("minus", "slower", "Slower", key_display="-", tooltip="Replay slower (down to 0.5x)"),
+        Binding("left", "seek(-10)", "-10s", tooltip="Back 10 s of recorded time"),
+        Binding("right", "seek(10)", "+10s", tooltip="Forward 10 s of recorded time"),
+        Binding("home", "seek_to(0)", "Start", tooltip="Go to the start of the recording"),
+        Binding("end", "seek_to(1)", "End", tooltip="Go to the end of the recording"),
+    ]
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        theme: str = DEFAULT_THEME,
+        run: str | None = None,
+        exit_on_hangup: bool = False,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.store = source.store
+        self.run_name: str | None = None
+        self._wanted_run = run
+        self._exit_on_hangup = exit_on_hangup
+        for custom in load_themes().values():
+            self.register_theme(custom)
+        self._initial_theme = theme
+        self._seen: dict[str, object] = {}
+        self._incidents_available = importlib.util.find_spec(INCIDENT_SCREEN_MODULE) is not None
+
+    # ------------------------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        with Horizontal(id="top"):
+            yield GpuPanel(id="gpus")
+            yield MetricChart(id="chart")
+        with Horizontal(id="bottom"):
+            yield InvariantTable(id="invariants")
+            yield EventLog(id="events")
+        yield StatusLine(id="status")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.theme = self._initial_theme
+        if self._exit_on_hangup:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGHUP, signal.SIGTERM):
+                loop.add_signal_handler(signum, self.exit)
+        self.source.start()
+        self.query_one(EventLog).focus()
+        self.refresh_numbers()
+        self.set_interval(1 / NUMBERS_HZ, self.refresh_numbers)
+        self.set_interval(1 / CHARTS_HZ, self.refresh_chart)
+
+    def on_unmount(self) -> None:
+        self.source.stop()
+
+    # ----------------------------------------------------------------------------------- redraws
+
+    def _changed(self, key: str, version: object) -> bool:
+        """True (and remembered) when ``version`` differs from what ``key`` last drew."""
+        if self._seen.get(key) == version:
+            return False
+        self._seen[key] = version
+        return True
+
+    def _select_run(self, name: str | None) -> None:
+        self.run_name = name
+        self._seen.clear()
+        self.query_one(GpuPanel).reset()
+        self.query_one(MetricChart).reset()
+        self.query_one(InvariantTable).reset()
+        self.query_one(EventLog).reset()
+
+    def refresh_numbers(self) -> None:
+        """Header, GPUs, tables and status line, each only if what it shows changed."""
+        store = self.store
+        if self.run_name is None:
+            names = store.run_names()
+            if names:
+                preferred = self._wanted_run if self._wanted_run in names else names[0]
+                self._select_run(preferred)
+        run = self.run_name
+        view = store.run_view(run) if run else None
+        versions = store.versions(run) if run else {}
+        header_key = (view, store.source_status(), tuple(store.notices()), int(store.now()))
+        if self._changed("header", header_key):
+            self.query_one(RunHeader).show(view, store.source_status(), store.notices(), store.now())
+        if self._changed("status", store.status_version()):
+            self.query_one(StatusLine).show(store.counters(), self.source.where())
+        if run is None:
+            return
+        if self._changed("gpu", versions["gpu"]):
+            self.query_one(GpuPanel).show(store.devices(run), view.gpu_simulated if view else False)
+        if self._changed("invariants", versions["invariants"]):
+            self.query_one(InvariantTable).show(store.invariants(run))
+        if self._changed("events", versions["events"]):
+            self.query_one(EventLog).show(store.events(run))
+        chart = self.query_one(MetricChart)
+        if self._changed("metric-names", versions["metrics"]):
+            chart.set_names(store.metric_names(run))
+
+    def refresh_chart(self) -> None:
+        """The selected metric's chart, when the dashboard is the visible screen."""
+        run = self.run_name
+        if run is None or self.screen is not self.screen_stack[0]:
+            return
+        versions = self.store.versions(run)
+        chart = self.query_one(MetricChart)
+        steps, values = self.store.series(run, chart.metric)
+        chart.show(steps, values, self.store.events(run), (versions["metrics"], versions["events"]))
+
+    # ----------------------------------------------------------------------------------- actions
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _REPLAY_ACTIONS:
+            return self.source.kind == "replay"
+        if action == "incidents":
+            return self._incidents_available
+        return True
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.key_sections()))
+
+    def key_sections(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """The app's keys, grouped, as the help screen lists them."""
+        dashboard, replay = [], []
+        for binding in self._bindings_list():
+            if binding.action == "incidents" and not self._incidents_available:
+                continue
+            entry = (self.get_key_display(binding), binding.tooltip or binding.description)
+            is_replay = binding.action.split("(")[0] in _REPLAY_ACTIONS
+            (replay if is_replay else dashboard).append(entry)
+        dashboard += [
+            ("ctrl+p", "Command palette (themes, charts, runs, replay)"),
+            ("↑ ↓", "Move in a table"),
+        ]
+        return [("Dashboard", dashboard), ("Replay only", replay)]
+
+    def _bindings_list(self) -> Iterable[Binding]:
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding):
+                yield binding
+
+    def action_next_theme(self) -> None:
+        order = list(THEME_ORDER)
+        position = order.index(self.theme) if self.theme in order else -1
+        self.theme = order[(position + 1) % len(order)]
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    def action_next_run(self) -> None:
+        names = self.store.run_names()
+        if not names:
+            self.notify("no runs yet", timeout=2)
+            return
+        position = names.index(self.run_name) if self.run_name in names else -1
+        self._select_run(names[(position + 1) % len(names)])
+        self.refresh_numbers()
+        self.refresh_chart()
+        self.notify(f"run: {self.run_name} ({names.index(self.run_name) + 1} of {len(names)})", timeout=2)
+
+    def action_chart(self, metric: str) -> None:
+        chart = self.query_one(MetricChart)
+        if metric == "throughput":
+            metric = next((name for name in THROUGHPUT_METRICS if name in chart.names), THROUGHPUT_METRICS[0])
+        chart.metric = metric
+        self.refresh_chart()
+
+    def action_next_chart(self) -> None:
+        chart = self.query_one(MetricChart)
+        names = chart.names
+        if names:
+            position = names.index(chart.metric) if chart.metric in names else -1
+            chart.metric = names[(position + 1) % len(names)]
+            self.refresh_chart()
+
+    def action_focus_events(self) -> None:
+        self.query_one(EventLog).focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "events":
+            self.action_event_details()
+
+    def selected_event(self) -> EventRecord | None:
+        """The event under the event log's cursor."""
+        event_id = self.query_one(EventLog).selected_id
+        if self.run_name is None or event_id is None:
+            return None
+        return self.store.event(self.run_name, event_id)
+
+    def event_context(self, *, before: int = 50, after: int = 50) -> EventContext | None:
+        """The selected event, its run and the metrics ``before``/``after`` its step."""
+        event = self.selected_event()
+        if event is None or self.run_name is None:
+            return None
+        window = {}
+        if event.step is not None:
+            window = self.store.metric_window(self.run_name, event.step, before=before, after=after)
+        return EventContext(self.store, self.run_name, self.store.run_view(self.run_name), event, window)
+
+    def action_event_details(self) -> None:
+        context = self.event_context(before=CONTEXT_STEPS, after=CONTEXT_STEPS)
+        if context is None:
+            self.notify("no event selected: events appear in the log when detectors fire", timeout=3)
+            return
+        started = context.run_view.started_ts if context.run_view else None
+        self.push_screen(EventDetailScreen(context.run, context.event, context.window, started))
+
+    def action_incidents(self) -> None:
+        module = importlib.import_module(INCIDENT_SCREEN_MODULE)
+        self.push_screen(module.IncidentScreen(self.event_context()))
+
+    def action_toggle_pause(self) -> None:
+        self.source.toggle_pause()
+
+    def action_faster(self) -> None:
+        self.source.faster()
+
+    def action_slower(self) -> None:
+        self.source.slower()
+
+    def action_seek(self, seconds: float) -> None:
+        self.source.seek_relative(float(seconds))
+
+    def action_seek_to(self, fraction: float) -> None:
+        self.source.seek_fraction(float(fraction))
+
+    # ----------------------------------------------------------------------------- command palette
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for name in THEME_ORDER:
+            yield SystemCommand(
+                f"Theme: {name}", f"Switch to the {name} theme", lambda n=name: self._set_theme(n)
+            )
+        for metric in self.query_one(MetricChart).names:
+            yield SystemCommand(
+                f"Chart: {metric}", f"Chart the {metric} metric", lambda m=metric: self.action_chart(m)
+            )
+        yield SystemCommand("Next run", "Show the next run heard from", self.action_next_run)
+        yield SystemCommand("Event details", "Details of the selected event", self.action_event_details)
+        if self.source.kind == "replay":
+            yield SystemCommand(
+                "Replay: pause / resume", "Pause or resume the replay", self.action_toggle_pause
+            )
+            yield SystemCommand("Replay: faster", "Double the replay speed", self.action_faster)
+            yield SystemCommand("Replay: slower", "Halve the replay speed", self.action_slower)
+            yield SystemCommand(
+                "Replay: go to start", "Seek to the beginning", lambda: self.action_seek_to(0)
+            )
+            yield SystemCommand("Replay: go to end", "Seek to the end", lambda: self.action_seek_to(1))
+
+    def _set_theme(self, name: str) -> None:
+        self.theme = name
+
+
+def run_dashboard(source: Source, theme: str | None, *, run: str | None = None) -> int:
+    """Run the dashboard on ``source`` until the user quits or the terminal goes away (the
+    commands' shared entry point); an unknown theme or a broken theme file is a UserError."""
+    chosen = check_theme_name(theme or DEFAULT_THEME, load_themes())
+    app = TuimonApp(source, theme=chosen, run=run, exit_on_hangup=True)
+    app.run()
+    return app.return_code or 0

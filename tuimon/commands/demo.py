@@ -1,0 +1,104 @@
+"""``tuimon demo``: a real CPU training with scripted incidents, watched live, recorded to replay.
+
+The training (``python -m publisher.demo``) runs as a child process with a private registry
+folder, so the dashboard shows only it. When the dashboard closes, the child is asked to stop
+(SIGTERM: it ends its run as "interrupted" and flushes its recording) and the recording's path is
+printed with the command that replays it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tuimon.errors import UserError
+
+#: Seconds the demo gets to end its run and flush its recording after SIGTERM.
+STOP_TIMEOUT_S = 10.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="watch a small real training with scripted incidents",
+        description="Train a small model on the CPU with 4 SIMULATED GPUs and scripted incidents (loss "
+        "spike, NaN loss, a starving GPU, thermal throttling) and watch it live. Needs PyTorch.",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=0, metavar="N", help="steps to train (default 0: until you quit)"
+    )
+    parser.add_argument(
+        "--record", metavar="PATH", help="recording to write (default: a new file in the temp folder)"
+    )
+    parser.add_argument(
+        "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
+    )
+    parser.set_defaults(handler=run)
+
+
+def _default_recording() -> Path:
+    return Path(tempfile.gettempdir()) / f"tuimon-demo-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("torch") is None:
+        raise UserError(
+            "the demo trains a small model with PyTorch, which is not installed: pip install 'tuimon[torch]'"
+        )
+    if args.steps < 0:
+        raise UserError("--steps must be 0 (until you quit) or more")
+    from tuimon.app import run_dashboard
+    from tuimon.receiver import LiveSource
+
+    recording = Path(args.record) if args.record else _default_recording()
+    runtime = Path(tempfile.mkdtemp(prefix="tuimon-demo-"))
+    log_path = runtime / "demo.log"
+    source = LiveSource(registry_dir=runtime, waiting_hint="starting the demo training (PyTorch on the CPU)")
+    command = [sys.executable, "-m", "publisher.demo", "--steps", str(args.steps), "--record", str(recording)]
+    env = {**os.environ, "TUIMON_RUNTIME_DIR": str(runtime)}
+    try:
+        with log_path.open("wb") as log:
+            child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            watcher = threading.Thread(target=_report_exit, args=(child, source, log_path), daemon=True)
+            watcher.start()
+            status = run_dashboard(source, args.theme)
+        finally:
+            _stop(child)
+        failed = child.returncode not in (0, None)
+        if failed:
+            print(f"tuimon: the demo training exited with code {child.returncode}:", file=sys.stderr)
+            print(log_path.read_text(errors="replace")[-2000:], file=sys.stderr, end="")
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    if recording.is_file() and recording.stat().st_size:
+        print(f"recording: {recording}\nreplay it with: tuimon replay {recording}")
+    return 1 if failed else status
+
+
+def _report_exit(child: subprocess.Popen[bytes], source: object, log_path: Path) -> None:
+    """Tell the screen if the training dies early (the log is gone once the demo ends)."""
+    code = child.wait()
+    if code != 0:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+        detail = f": {tail[0]}" if tail else ""
+        source.store.set_notice("demo", f"the demo training exited with code {code}{detail}")
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the demo ends its run and flushes its recording), then kill if it hangs."""
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

@@ -1,0 +1,36 @@
+"""``tuimon replay``: the dashboard over recordings, with pause, speed and seek."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="replay recorded runs in the dashboard",
+        description="Replay JSON Lines recordings (written by --record or `tuimon demo`) in the dashboard. "
+        "Several files (e.g. one per rank) are merged by time. Keys: space pause, +/- speed, "
+        "left/right seek 10 s, home/end.",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="recording (.jsonl)")
+    parser.add_argument(
+        "--speed",
+        default="1",
+        metavar="X",
+        help="playback speed: 0.5, 1 (recorded pace, default), 2, 4, 8, 16, 32, 64 or max",
+    )
+    parser.add_argument("--paused", action="store_true", help="open paused at the start")
+    parser.add_argument("--run", metavar="NAME", help="show this run first")
+    parser.add_argument(
+        "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuimon.app import run_dashboard
+    from tuimon.replay import ReplaySource, parse_speed
+
+    source = ReplaySource(args.files, speed=parse_speed(args.speed), paused=args.paused)
+    return run_dashboard(source, args.theme, run=args.run)

@@ -1,0 +1,34 @@
+"""``tuimon watch``: the live dashboard, on given endpoints or on every run registered here."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "watch",
+        help="live dashboard of running trainings",
+        description="Open the live dashboard. Without ENDPOINT, watch every run registered on this "
+        "host (the publisher registers itself), including runs started later.",
+    )
+    parser.add_argument(
+        "endpoints",
+        nargs="*",
+        metavar="ENDPOINT",
+        help="publisher address: tcp://HOST:PORT, HOST:PORT or PORT (on 127.0.0.1)",
+    )
+    parser.add_argument("--run", metavar="NAME", help="show only this run")
+    parser.add_argument(
+        "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuimon.app import run_dashboard
+    from tuimon.receiver import LiveSource
+
+    # Bad endpoints and an unusable registry folder fail here, before the screen opens.
+    source = LiveSource(args.endpoints, run=args.run)
+    return run_dashboard(source, args.theme, run=args.run)

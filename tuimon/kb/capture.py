@@ -1,0 +1,238 @@
+"""Evidence captured when an incident is opened from an event, in a form that outlives the run.
+
+Input is what the viewer already holds, in wire-protocol shapes (``docs/protocol.md``): the event
+messages, the run's ``run_start``, metric series or ``metrics`` messages, ``gpu`` device entries.
+Output is plain JSON kept in the knowledge base: a window of metrics around the event, the GPU
+state, the reproduction record. A recording file gives the same evidence after the fact
+(``tuimon incidents new --recording FILE --event ID``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from publisher.protocol import ProtocolError, decode, read_number, wire_number
+from tuimon.errors import UserError
+
+#: Steps kept on each side of the event(s).
+DEFAULT_WINDOW = 50
+#: Metrics shown first in exports; any other metric recorded in the window is kept too.
+STANDARD_METRICS = (
+    "loss",
+    "grad_norm",
+    "lr",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time",
+    "data_time",
+    "host_mem_bytes",
+)
+#: Envelope fields that say nothing about the run itself.
+_ENVELOPE_ONLY = ("v", "type", "seq")
+
+
+def as_event(event: Mapping[str, Any] | Any) -> dict[str, Any]:
+    """A protocol event as a dict (accepts the viewer's frozen dataclass records too)."""
+    if dataclasses.is_dataclass(event) and not isinstance(event, type):
+        return dataclasses.asdict(event)
+    return dict(event)
+
+
+def event_steps(events: Sequence[Mapping[str, Any]]) -> tuple[int | None, int | None]:
+    steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
+    return (min(steps), max(steps)) if steps else (None, None)
+
+
+def metrics_window(
+    points: Mapping[str, Iterable[tuple[int, float | int | str | None]]],
+    *,
+    first_step: int,
+    last_step: int,
+    rank: int | None = None,
+    window: int = DEFAULT_WINDOW,
+) -> dict[str, Any] | None:
+    """Metric values from ``first_step - window`` to ``last_step + window``, one column per metric.
+
+    ``points`` maps a metric name to (step, value) pairs, e.g. ``zip(*series.between(lo, hi))``.
+    Non-finite values keep their protocol spelling (``"nan"``), so a NaN loss stays visible.
+    Returns None when no point falls in the window.
+    """
+    lo, hi = first_step - window, last_step + window
+    by_name: dict[str, dict[int, Any]] = {}
+    for name, pairs in points.items():
+        kept = {int(step): wire_number(read_number(value)) for step, value in pairs if lo <= step <= hi}
+        if kept:
+            by_name[name] = kept
+    if not by_name:
+        return None
+    steps = sorted({step for kept in by_name.values() for step in kept})
+    names = [n for n in STANDARD_METRICS if n in by_name] + sorted(set(by_name) - set(STANDARD_METRICS))
+    return {
+        "rank": rank,
+        "first_step": lo,
+        "last_step": hi,
+        "event_steps": [first_step, last_step],
+        "steps": steps,
+        "series": {name: [by_name[name].get(step) for step in steps] for name in names},
+    }
+
+
+def metrics_from_messages(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[int, Any]]]:
+    """(step, value) pairs per metric name from ``metrics`` messages (for :func:`metrics_window`)."""
+    points: dict[str, list[tuple[int, Any]]] = {}
+    for message in messages:
+        if message.get("type") != "metrics":
+            continue
+        for name, value in message.get("metrics", {}).items():
+            points.setdefault(name, []).append((message["step"], value))
+    return points
+
+
+def gpu_state(devices: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The latest state of each GPU: device entries of ``gpu`` messages, with ``rank``/``host`` if known."""
+    latest: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for device in devices:
+        latest[(device.get("host"), device.get("rank"), device.get("index"))] = dict(device)
+    if not latest:
+        return None
+    ordered = sorted(latest.items(), key=lambda item: tuple(str(part) for part in item[0]))
+    return {"devices": [device for _, device in ordered]}
+
+
+def gpu_devices_from_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Device entries of ``gpu`` messages, each labelled with its sender's rank and host."""
+    return [
+        {**device, "rank": message.get("rank"), "host": message.get("host")}
+        for message in messages
+        if message.get("type") == "gpu"
+        for device in message.get("devices", [])
+    ]
+
+
+def reproduction(run_start: Mapping[str, Any]) -> dict[str, Any]:
+    """The reproduction record: the whole ``run_start`` body (config, seed, versions, argv ...).
+
+    ``git_commit`` and ``config_hash`` are lifted to the top when the publisher's reproduction
+    record carries them, since they are the first thing to compare between two runs.
+    """
+    record = {key: value for key, value in run_start.items() if key not in _ENVELOPE_ONLY}
+    extra = run_start.get("reproduction")
+    if isinstance(extra, Mapping):
+        git = extra.get("git")
+        if isinstance(git, Mapping):
+            record.setdefault("git_commit", git.get("commit"))
+            record.setdefault("git_dirty", git.get("dirty"))
+        if extra.get("config_hash") is not None:
+            record.setdefault("config_hash", extra["config_hash"])
+        if run_start.get("seed") is None and extra.get("seed") is not None:
+            record["seed"] = extra["seed"]
+    return record
+
+
+def capture(
+    events: Sequence[Mapping[str, Any]],
+    *,
+    run_start: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
+    gpu_devices: Iterable[Mapping[str, Any]] = (),
+    window: int = DEFAULT_WINDOW,
+) -> dict[str, dict[str, Any]]:
+    """Context for an incident about ``events``: kind ("metrics", "gpu", "reproduction") -> data."""
+    captured: dict[str, dict[str, Any]] = {}
+    first, last = event_steps(events)
+    if metrics is not None and first is not None and last is not None:
+        ranks = {e.get("rank") for e in events}
+        window_data = metrics_window(
+            metrics,
+            first_step=first,
+            last_step=last,
+            rank=ranks.pop() if len(ranks) == 1 else None,
+            window=window,
+        )
+        if window_data is not None:
+            captured["metrics"] = window_data
+    state = gpu_state(gpu_devices)
+    if state is not None:
+        captured["gpu"] = state
+    if run_start is not None:
+        captured["reproduction"] = reproduction(run_start)
+    return captured
+
+
+def title_for(events: Sequence[Mapping[str, Any]]) -> str:
+    """A default title: the first event's message, with its step."""
+    first = events[0]
+    step = first.get("step")
+    where = f" at step {step}" if isinstance(step, int) else ""
+    return f"{first.get('kind', 'event')}{where}: {first.get('message', '')}".strip().rstrip(":")
+
+
+def severity_for(events: Sequence[Mapping[str, Any]]) -> str:
+    order = ("info", "warning", "critical")
+    found = [e.get("severity") for e in events if e.get("severity") in order]
+    return max(found, key=order.index) if found else "warning"
+
+
+# -- recordings ------------------------------------------------------------------------------
+
+
+def _read_recording(path: Path) -> Iterator[dict[str, Any]]:
+    """Valid messages of a JSON Lines recording; malformed lines are skipped (as the viewer does)."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise UserError(f"cannot read the recording {path}: {exc.strerror}") from None
+    with handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                yield decode(line)
+            except ProtocolError:
+                continue
+
+
+def from_recording(
+    path: Path, event_id: str, *, window: int = DEFAULT_WINDOW
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The event ``event_id`` of a recording (its latest update) and the context around it."""
+    event: dict[str, Any] | None = None
+    run_starts: dict[tuple[str, int], dict[str, Any]] = {}
+    seen_ids: list[str] = []
+    for message in _read_recording(path):
+        if message["type"] == "event":
+            seen_ids.append(str(message.get("id")))
+            if str(message.get("id")) == event_id:
+                event = message
+        elif message["type"] == "run_start":
+            run_starts[(message["run"], message["rank"])] = message
+    if event is None:
+        hint = (
+            f" (ids in it: {', '.join(dict.fromkeys(seen_ids[:10]))})"
+            if seen_ids
+            else " (it holds no events)"
+        )
+        raise UserError(f"no event {event_id!r} in {path}{hint}")
+    run, rank = event["run"], event["rank"]
+    first, last = event_steps([event])
+    lo, hi = (first or 0) - window, (last or 0) + window
+    in_window: list[dict[str, Any]] = []
+    gpu_before: list[dict[str, Any]] = []
+    for message in _read_recording(path):
+        if message["run"] != run:
+            continue
+        if message["type"] == "metrics" and message["rank"] == rank and lo <= message["step"] <= hi:
+            in_window.append(message)
+        elif message["type"] == "gpu" and message["ts"] <= event["ts"]:
+            gpu_before.append(message)
+    captured = capture(
+        [event],
+        run_start=run_starts.get((run, rank)) or run_starts.get((run, 0)),
+        metrics=metrics_from_messages(in_window) if first is not None else None,
+        gpu_devices=gpu_devices_from_messages(gpu_before),
+        window=window,
+    )
+    return event, captured

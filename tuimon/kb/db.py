@@ -1,0 +1,108 @@
+"""The SQLite connection and its transactions: WAL, a busy timeout, BEGIN IMMEDIATE with retries.
+
+Several engineers on one node each run their own tuimon against one database file. WAL lets
+readers work while one writer writes; every write runs in ``BEGIN IMMEDIATE`` so the write lock
+is taken up front (a deferred transaction that reads then writes fails with "database is locked"
+when another writer got in between, and the busy timeout cannot help it). Should the lock stay
+taken past the busy timeout, the whole transaction is retried with backoff until a deadline: a
+note is never silently lost, and a failure is a clear error, not a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import sqlite_utils
+
+from tuimon.errors import UserError
+
+#: Milliseconds SQLite itself waits for a lock before reporting SQLITE_BUSY.
+BUSY_TIMEOUT_MS = 5_000
+#: Seconds a write keeps retrying before giving up with an error the user can act on.
+WRITE_DEADLINE_S = 60.0
+
+T = TypeVar("T")
+
+_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+def connect(path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> sqlite_utils.Database:
+    """Open ``path`` with our settings: autocommit driver mode (we issue BEGIN), WAL, busy timeout.
+
+    ``check_same_thread=False`` because a dashboard reads on its UI thread and writes from worker
+    threads; :class:`tuimon.kb.api.KnowledgeBase` serialises use of the connection with a lock.
+    """
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        db = sqlite_utils.Database(conn)
+        db.enable_wal()
+    except sqlite3.Error as exc:
+        raise UserError(f"cannot open the knowledge base {path}: {exc}") from None
+    return db
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True for "database is locked" / "database table is locked" (incl. extended codes)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and (code & 0xFF) in _BUSY_CODES
+
+
+def write(db: sqlite_utils.Database, body: Callable[[], T], *, deadline_s: float = WRITE_DEADLINE_S) -> T:
+    """Run ``body`` in a ``BEGIN IMMEDIATE`` transaction; retry it whole while the database is busy.
+
+    ``body`` must only touch the database (it may run several times; only the last run commits).
+    """
+    give_up = time.monotonic() + deadline_s
+    delay = 0.005
+    while True:
+        try:
+            db.conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = body()
+                db.conn.execute("COMMIT")
+            except BaseException:
+                if db.conn.in_transaction:
+                    db.conn.execute("ROLLBACK")
+                raise
+            return result
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc):
+                raise
+            if time.monotonic() >= give_up:
+                raise UserError(
+                    f"the knowledge base stayed locked by another writer for {deadline_s:.0f} s; "
+                    "try again (is a process stuck holding it?)"
+                ) from None
+        # Jittered exponential backoff so that retrying writers do not collide in lockstep.
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, 0.5)
+
+
+@contextlib.contextmanager
+def read(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
+    """A read transaction: every query inside sees one snapshot (WAL readers never block writers)."""
+    if db.conn.in_transaction:
+        yield db
+        return
+    db.conn.execute("BEGIN")
+    try:
+        yield db
+    finally:
+        if db.conn.in_transaction:
+            db.conn.execute("COMMIT")
+
+
+def data_version(db: sqlite_utils.Database) -> int:
+    """SQLite's per-connection counter that changes when *another* connection commits.
+
+    Costs no I/O, which is why a UI timer can poll it a few times a second.
+    """
+    return int(db.conn.execute("PRAGMA data_version").fetchone()[0])

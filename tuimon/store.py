@@ -1,0 +1,651 @@
+"""Viewer state built from decoded wire messages: plain Python, no Textual, one lock.
+
+Both sources (the live ZeroMQ receiver and the recording player) feed a :class:`Store`; the
+dashboard reads it on timers. Writers apply whole batches under the lock and readers take small
+copies, so neither side waits on the other for long. Every section of a run carries a version
+counter so a panel can skip its redraw when nothing it shows has changed.
+
+Messages must already have passed :func:`publisher.protocol.decode`: the store trusts the shapes
+the protocol validates and treats everything else as optional.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import time
+from array import array
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from publisher.protocol import read_number
+
+#: A run whose senders have been silent this long is shown as stale (heartbeats come every 1 s).
+STALE_AFTER_S = 3.0
+#: Points kept per metric series (at least this many; up to twice as many between trims).
+SERIES_CAPACITY = 120_000
+#: Samples of history kept per GPU device: five minutes at the default 1 Hz sampler.
+GPU_HISTORY = 300
+#: Events kept per run; the oldest go first (detectors fold repeats, so this is rarely reached).
+MAX_EVENTS = 10_000
+#: Preferred throughput metrics, best first.
+THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s")
+#: Sections of a run that have their own version counter.
+SECTIONS = ("run", "metrics", "gpu", "events", "invariants")
+
+_RUN_END_SEVERITY = {"failed": 2, "interrupted": 1, "completed": 0}
+
+
+class Series:
+    """A bounded (step, value) series with amortised O(1) appends.
+
+    Two flat arrays grow to twice the capacity, then the oldest half is cut in one move, so an
+    append is a C-level array append almost always and readers can slice without copying dicts.
+    """
+
+    __slots__ = ("capacity", "steps", "values")
+
+    def __init__(self, capacity: int = SERIES_CAPACITY) -> None:
+        self.capacity = capacity
+        self.steps: array[int] = array("q")
+        self.values: array[float] = array("d")
+
+    def append(self, step: int, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+        if len(self.steps) >= 2 * self.capacity:
+            del self.steps[: self.capacity]
+            del self.values[: self.capacity]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def last(self) -> tuple[int, float] | None:
+        return (self.steps[-1], self.values[-1]) if self.steps else None
+
+    def tail(self, count: int | None = None) -> tuple[list[int], list[float]]:
+        """Copies of the last ``count`` points (all when None)."""
+        start = 0 if count is None else max(0, len(self.steps) - count)
+        return self.steps[start:].tolist(), self.values[start:].tolist()
+
+    def between(self, first_step: int, last_step: int) -> tuple[list[int], list[float]]:
+        """Copies of the points with ``first_step <= step <= last_step`` (steps are ascending)."""
+        lo = bisect.bisect_left(self.steps, first_step)
+        hi = bisect.bisect_right(self.steps, last_step)
+        return self.steps[lo:hi].tolist(), self.values[lo:hi].tolist()
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One anomaly episode as the viewer knows it (the latest update of its ``id``)."""
+
+    id: str
+    rank: int
+    step: int | None
+    severity: str
+    kind: str
+    message: str
+    details: Mapping[str, Any]
+    count: int
+    ts: float
+    first_ts: float
+
+
+@dataclass(frozen=True)
+class InvariantRecord:
+    """The latest status of one training invariant."""
+
+    name: str
+    status: str
+    step: int | None
+    message: str
+    details: Mapping[str, Any]
+    rank: int
+    ts: float
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """A GPU's latest sample plus its recent history (oldest first), for one panel row."""
+
+    rank: int
+    index: int
+    latest: Mapping[str, Any]
+    history: Mapping[str, list[float]]
+    ts: float
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the header needs about a run, copied out under the lock."""
+
+    name: str
+    hosts: tuple[str, ...]
+    ranks: tuple[int, ...]
+    world_size: int | None
+    step: int | None
+    step_ts: float | None
+    started_ts: float | None
+    last_ts: float | None
+    throughput: tuple[str, float] | None
+    gpu_source: str | None
+    gpu_simulated: bool
+    health: str
+    end_status: str | None
+    end_error: str | None
+    run_start: Mapping[str, Any] | None
+    gaps: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Source-wide counters for the status line."""
+
+    received: int
+    malformed: int
+    malformed_by_reason: Mapping[str, int]
+    last_malformed: str | None
+    gaps: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """What the source is doing: live or replay, with replay position and speed."""
+
+    kind: str = "live"
+    detail: str = ""
+    speed: float | None = None
+    paused: bool = False
+    position: float = 0.0
+    position_ts: float | None = None
+    duration_s: float = 0.0
+
+
+@dataclass
+class _Rank:
+    rank: int
+    host: str
+    last_seq: int | None = None
+    step: int | None = None
+    step_ts: float | None = None
+    last_heard: float = 0.0
+    last_ts: float | None = None
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    snapshot_address: str | None = None
+    gaps: int = 0
+    end: Mapping[str, Any] | None = None
+
+
+@dataclass
+class _Device:
+    rank: int
+    index: int
+    latest: Mapping[str, Any]
+    ts: float
+    history: dict[str, deque[float]] = field(
+        default_factory=lambda: {name: deque(maxlen=GPU_HISTORY) for name in ("util", "mem", "temp", "power")}
+    )
+
+
+@dataclass
+class _Run:
+    name: str
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    run_start: Mapping[str, Any] | None = None
+    started_ts: float | None = None
+    series: dict[tuple[int, str], Series] = field(default_factory=dict)
+    metric_names: list[str] = field(default_factory=list)
+    devices: dict[tuple[int, int], _Device] = field(default_factory=dict)
+    gpu_simulated: bool = False
+    events: OrderedDict[str, EventRecord] = field(default_factory=OrderedDict)
+    invariants: dict[str, InvariantRecord] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SECTIONS, 0))
+
+
+def malformed_reason(error: str) -> str:
+    """A short category for a :class:`~publisher.protocol.ProtocolError` message (status line)."""
+    for prefix, reason in (
+        ("message of", "oversized"),
+        ("not JSON", "not JSON"),
+        ("protocol version", "wrong version"),
+        ("unknown message type", "unknown type"),
+        ("message is not a JSON object", "not an object"),
+    ):
+        if error.startswith(prefix):
+            return reason
+    return "invalid field"
+
+
+def _number(value: Any) -> float:
+    """A stored value: numbers as floats, absent values as NaN (history arrays stay aligned)."""
+    number = read_number(value) if not isinstance(value, bool) else None
+    return math.nan if number is None else number
+
+
+class Store:
+    """Every run heard from, keyed by run name, plus source-wide counters.
+
+    ``clock`` gives "now" for health (live: wall time; replay: the recording's virtual time).
+    With ``stamp_with_message_ts`` a message counts as heard at its own ``ts`` (replay), otherwise
+    at the moment it was applied (live).
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] = time.time, *, stamp_with_message_ts: bool = False
+    ) -> None:
+        self.clock = clock
+        self._stamp_with_message_ts = stamp_with_message_ts
+        self._lock = threading.Lock()
+        # Every change takes the next number of this counter, which survives reset(): a version a
+        # panel remembers is never handed out again for different content.
+        self._changes = 0
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._runs: dict[str, _Run] = {}
+        self._received = 0
+        self._malformed: Counter[str] = Counter()
+        self._last_malformed: str | None = None
+        self._source = SourceStatus()
+        self._notices: dict[str, tuple[str, float | None]] = {}
+        changed = self._next()
+        self._runs_version = self._counters_version = self._source_version = self._notices_version = changed
+
+    def _next(self) -> int:
+        self._changes += 1
+        return self._changes
+
+    def _bump(self, run: _Run, section: str) -> None:
+        self._changes += 1
+        run.versions[section] = self._changes
+
+    # ----------------------------------------------------------------- writers (source threads)
+
+    def reset(self) -> None:
+        """Forget everything (replay seeks backwards by rebuilding from the start)."""
+        with self._lock:
+            self._reset_state()
+
+    def apply_batch(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        received: int | None = None,
+        malformed: Iterable[str] = (),
+    ) -> None:
+        """Apply decoded live messages in order; count frames received and malformed ones.
+
+        ``received`` is the number of frames read (defaults to the number of messages), so frames
+        dropped before decoding (malformed) still count as received.
+        """
+        malformed = list(malformed)
+        with self._lock:
+            applied = 0
+            for message in messages:
+                self._apply(message, live=True)
+                applied += 1
+            self._received += (applied + len(malformed)) if received is None else received
+            for error in malformed:
+                self._count_malformed(error)
+            self._counters_version = self._next()
+
+    def apply_snapshot(
+        self,
+        run: str,
+        rank: int,
+        messages: Iterable[Mapping[str, Any]],
+        seq: int,
+        *,
+        then: Iterable[Mapping[str, Any]] = (),
+        malformed: Iterable[str] = (),
+    ) -> None:
+        """Apply a late joiner's snapshot of one sender, whose last message is ``seq``.
+
+        Gaps between snapshot messages are expected (it holds a selection), so none are counted.
+        ``then`` are the live messages buffered meanwhile, already filtered to ``seq > S``; they
+        were counted as received when they arrived, the snapshot's frames are counted here.
+        """
+        with self._lock:
+            count = 0
+            for message in messages:
+                self._apply(message, live=False)
+                count += 1
+            self._rank(self._run(run), rank, host="").last_seq = seq
+            for message in then:
+                self._apply(message, live=True)
+            malformed = list(malformed)
+            for error in malformed:
+                self._count_malformed(error)
+            self._received += count + len(malformed)
+            self._counters_version = self._next()
+
+    def count_malformed(self, error: str, where: str | None = None) -> None:
+        """Count one malformed frame or line; ``where`` (e.g. ``"run.jsonl:17"``) is kept for display."""
+        with self._lock:
+            self._received += 1
+            self._count_malformed(error, where)
+            self._counters_version = self._next()
+
+    def set_source_status(self, status: SourceStatus) -> None:
+        with self._lock:
+            if status != self._source:
+                self._source = status
+                self._source_version = self._next()
+
+    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
+        """Show (or clear, with None) a line on the dashboard, e.g. "nothing heard from ..."."""
+        with self._lock:
+            old = self._notices.get(key)
+            if text is None:
+                if old is None:
+                    return
+                del self._notices[key]
+            else:
+                expires = time.monotonic() + ttl_s if ttl_s is not None else None
+                if old is not None and old[0] == text and expires is None:
+                    return
+                self._notices[key] = (text, expires)
+            self._notices_version = self._next()
+
+    def _count_malformed(self, error: str, where: str | None = None) -> None:
+        self._malformed[malformed_reason(error)] += 1
+        self._last_malformed = f"{error} ({where})" if where else error
+
+    def _run(self, name: str) -> _Run:
+        run = self._runs.get(name)
+        if run is None:
+            run = self._runs[name] = _Run(name)
+            self._runs_version = self._next()
+        return run
+
+    def _rank(self, run: _Run, rank: int, host: str) -> _Rank:
+        state = run.ranks.get(rank)
+        if state is None:
+            state = run.ranks[rank] = _Rank(rank, host)
+            self._bump(run, "run")
+        return state
+
+    def _apply(self, message: Mapping[str, Any], *, live: bool) -> None:
+        run = self._run(message["run"])
+        rank_no = message["rank"]
+        state = self._rank(run, rank_no, message["host"])
+        seq = message["seq"]
+        if live and state.last_seq is not None:
+            missed = seq - state.last_seq - 1
+            if missed > 0:
+                state.gaps += missed
+                self._bump(run, "run")
+            # seq <= last: the sender restarted (a new process under the same run and rank);
+            # counting continues from its new numbers.
+        if state.last_seq is None or live or seq > state.last_seq:
+            state.last_seq = seq
+        ts = message["ts"]
+        state.host = message["host"]
+        state.last_heard = ts if self._stamp_with_message_ts else self.clock()
+        state.last_ts = ts
+        msg_type = message["type"]
+        step = message.get("step")
+        if msg_type == "metrics":
+            self._apply_metrics(run, rank_no, step, message["metrics"])
+            state.step, state.step_ts = step, ts
+            self._bump(run, "run")
+        elif msg_type == "heartbeat":
+            stats = message.get("stats")
+            state.stats = stats if isinstance(stats, dict) else {}
+            address = message.get("snapshot")
+            state.snapshot_address = address if isinstance(address, str) else None
+            if step is not None and (state.step is None or step > state.step):
+                state.step, state.step_ts = step, ts
+            self._bump(run, "run")
+        elif msg_type == "gpu":
+            self._apply_gpu(run, rank_no, message, ts)
+        elif msg_type == "event":
+            self._apply_event(run, rank_no, message, ts)
+        elif msg_type == "invariant":
+            name = message["name"]
+            run.invariants[name] = InvariantRecord(
+                name=name,
+                status=message["status"],
+                step=step,
+                message=str(message.get("message") or ""),
+                details=message.get("details") if isinstance(message.get("details"), dict) else {},
+                rank=rank_no,
+                ts=ts,
+            )
+            self._bump(run, "invariants")
+        elif msg_type == "run_start":
+            if run.run_start is None or rank_no <= min(run.ranks):
+                run.run_start = message
+            run.started_ts = ts if run.started_ts is None else min(run.started_ts, ts)
+            state.end = None
+            self._bump(run, "run")
+        elif msg_type == "run_end":
+            state.end = message
+            if step is not None:
+                state.step = step
+            self._bump(run, "run")
+
+    def _apply_metrics(self, run: _Run, rank: int, step: int, values: Mapping[str, Any]) -> None:
+        for name, value in values.items():
+            series = run.series.get((rank, name))
+            if series is None:
+                series = run.series[(rank, name)] = Series()
+                if name not in run.metric_names:
+                    run.metric_names.append(name)
+            series.append(step, _number(value))
+        self._bump(run, "metrics")
+
+    def _apply_gpu(self, run: _Run, rank: int, message: Mapping[str, Any], ts: float) -> None:
+        run.gpu_simulated = bool(message.get("simulated"))
+        for device in message["devices"]:
+            key = (rank, device["index"])
+            state = run.devices.get(key)
+            if state is None:
+                state = run.devices[key] = _Device(rank, device["index"], device, ts)
+            state.latest, state.ts = device, ts
+            used, total = device.get("mem_used"), device.get("mem_total")
+            memory = 100.0 * used / total if isinstance(used, int | float) and total else math.nan
+            history = state.history
+            history["util"].append(_number(device.get("util")))
+            history["mem"].append(memory)
+            history["temp"].append(_number(device.get("temp_c")))
+            history["power"].append(_number(device.get("power_w")))
+        self._bump(run, "gpu")
+
+    def _apply_event(self, run: _Run, rank: int, message: Mapping[str, Any], ts: float) -> None:
+        event_id = str(message.get("id") or f"{rank}-{message['seq']}")
+        previous = run.events.get(event_id)
+        count = message.get("count")
+        details = message.get("details")
+        run.events[event_id] = EventRecord(
+            id=event_id,
+            rank=rank,
+            step=message.get("step"),
+            severity=message["severity"],
+            kind=message["kind"],
+            message=message["message"],
+            details=details if isinstance(details, dict) else {},
+            count=count if isinstance(count, int) and not isinstance(count, bool) else 1,
+            ts=ts,
+            first_ts=previous.first_ts if previous else ts,
+        )
+        if len(run.events) > MAX_EVENTS:
+            run.events.popitem(last=False)
+        self._bump(run, "events")
+
+    # --------------------------------------------------------------------- readers (UI thread)
+
+    def run_names(self) -> list[str]:
+        """Runs in the order they were first heard."""
+        with self._lock:
+            return list(self._runs)
+
+    def runs_version(self) -> int:
+        return self._runs_version
+
+    def versions(self, run: str) -> dict[str, int]:
+        """Per-section version counters of ``run`` (all zero for an unknown run)."""
+        with self._lock:
+            state = self._runs.get(run)
+            return dict(state.versions) if state else dict.fromkeys(SECTIONS, 0)
+
+    def status_version(self) -> tuple[int, int, int]:
+        """Changes when the counters, the source status or the notices change."""
+        return self._counters_version, self._source_version, self._notices_version
+
+    def now(self) -> float:
+        return self.clock()
+
+    def run_view(self, run: str) -> RunView | None:
+        with self._lock:
+            state = self._runs.get(run)
+            return self._run_view(state) if state else None
+
+    def _run_view(self, run: _Run) -> RunView:
+        ranks = run.ranks
+        stepping = [r for r in ranks.values() if r.step is not None]
+        latest = max(stepping, key=lambda r: (r.step, r.step_ts or 0.0), default=None)
+        throughput = None
+        primary = min(ranks) if ranks else 0
+        for name in THROUGHPUT_METRICS:
+            series = run.series.get((primary, name))
+            if series is not None and len(series):
+                throughput = (name, series.values[-1])
+                break
+        ends = [r.end for r in ranks.values()]
+        end_status = end_error = None
+        if ranks and all(ends):
+            worst = max(ends, key=lambda end: _RUN_END_SEVERITY.get(end.get("status"), 0))
+            end_status, end_error = worst.get("status"), worst.get("error")
+            health = "ended"
+        else:
+            now = self.clock()
+            silent = any(now - r.last_heard > STALE_AFTER_S for r in ranks.values() if r.end is None)
+            health = "stale" if silent else "live"
+        start = run.run_start or {}
+        world_size = start.get("world_size")
+        return RunView(
+            name=run.name,
+            hosts=tuple(sorted({r.host for r in ranks.values() if r.host})),
+            ranks=tuple(sorted(ranks)),
+            world_size=world_size if isinstance(world_size, int) else None,
+            step=latest.step if latest else None,
+            step_ts=latest.step_ts if latest else None,
+            started_ts=run.started_ts,
+            last_ts=max((r.last_ts for r in ranks.values() if r.last_ts is not None), default=None),
+            throughput=throughput,
+            gpu_source=start.get("gpu_source") if isinstance(start.get("gpu_source"), str) else None,
+            gpu_simulated=run.gpu_simulated or start.get("gpu_source") == "simulated",
+            health=health,
+            end_status=end_status,
+            end_error=end_error if isinstance(end_error, str) else None,
+            run_start=run.run_start,
+            gaps=sum(r.gaps for r in ranks.values()),
+            dropped=sum(_int(r.stats.get("dropped")) for r in ranks.values()),
+        )
+
+    def metric_names(self, run: str) -> list[str]:
+        """Metric names seen in ``run``, in the order they first appeared."""
+        with self._lock:
+            state = self._runs.get(run)
+            return list(state.metric_names) if state else []
+
+    def series(
+        self, run: str, name: str, *, rank: int | None = None, last: int | None = None
+    ) -> tuple[list[int], list[float]]:
+        """Copies of a metric's (steps, values); the lowest rank unless ``rank`` is given."""
+        with self._lock:
+            found = self._series(run, name, rank)
+            return found.tail(last) if found else ([], [])
+
+    def metric_window(
+        self,
+        run: str,
+        step: int,
+        *,
+        before: int = 50,
+        after: int = 50,
+        names: Iterable[str] | None = None,
+        rank: int | None = None,
+    ) -> dict[str, tuple[list[int], list[float]]]:
+        """Every metric (or ``names``) between ``step - before`` and ``step + after``: the context
+        around an event, for the event detail view and the incident knowledge base."""
+        with self._lock:
+            state = self._runs.get(run)
+            if state is None:
+                return {}
+            wanted = list(names) if names is not None else list(state.metric_names)
+            window = {}
+            for name in wanted:
+                found = self._series(run, name, rank)
+                if found is not None:
+                    window[name] = found.between(step - before, step + after)
+            return window
+
+    def _series(self, run: str, name: str, rank: int | None) -> Series | None:
+        state = self._runs.get(run)
+        if state is None or not state.ranks:
+            return None
+        return state.series.get((min(state.ranks) if rank is None else rank, name))
+
+    def devices(self, run: str) -> list[DeviceView]:
+        """GPU devices of every rank, ordered by (rank, index)."""
+        with self._lock:
+            state = self._runs.get(run)
+            if state is None:
+                return []
+            return [
+                DeviceView(d.rank, d.index, dict(d.latest), {k: list(v) for k, v in d.history.items()}, d.ts)
+                for _, d in sorted(state.devices.items())
+            ]
+
+    def events(self, run: str) -> list[EventRecord]:
+        """Events in the order their episodes began (records are immutable: no copy needed)."""
+        with self._lock:
+            state = self._runs.get(run)
+            return list(state.events.values()) if state else []
+
+    def event(self, run: str, event_id: str) -> EventRecord | None:
+        with self._lock:
+            state = self._runs.get(run)
+            return state.events.get(event_id) if state else None
+
+    def invariants(self, run: str) -> list[InvariantRecord]:
+        with self._lock:
+            state = self._runs.get(run)
+            return list(state.invariants.values()) if state else []
+
+    def counters(self) -> Counters:
+        with self._lock:
+            runs = self._runs.values()
+            return Counters(
+                received=self._received,
+                malformed=sum(self._malformed.values()),
+                malformed_by_reason=dict(self._malformed),
+                last_malformed=self._last_malformed,
+                gaps=sum(r.gaps for run in runs for r in run.ranks.values()),
+                dropped=sum(_int(r.stats.get("dropped")) for run in runs for r in run.ranks.values()),
+            )
+
+    def source_status(self) -> SourceStatus:
+        return self._source
+
+    def notices(self) -> list[str]:
+        """Current notices, oldest first; expired ones are dropped here."""
+        with self._lock:
+            now = time.monotonic()
+            expired = [key for key, (_, until) in self._notices.items() if until is not None and until < now]
+            for key in expired:
+                del self._notices[key]
+            if expired:
+                self._notices_version = self._next()
+            return [text for text, _ in self._notices.values()]
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

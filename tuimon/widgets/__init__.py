@@ -1,0 +1,2 @@
+"""Dashboard panels, one module each. Every panel redraws from copies it takes from the store,
+and only when the store's version counter for what it shows has changed."""

@@ -1,0 +1,80 @@
+"""Event log: anomaly episodes in the order they began, newest at the bottom.
+
+An episode that repeats is re-sent with the same id and a higher count; its row is updated in
+place. The cursor follows new events while it sits on the last row, and stays put once the user
+moved it up to read something.
+"""
+
+from __future__ import annotations
+
+from tuimon.store import EventRecord
+from tuimon.widgets.table import RowTable
+from tuimon.widgets.text import severity
+
+# (key, label, width)
+_COLUMNS = (
+    ("severity", "sev", 6),
+    ("step", "step", 8),
+    ("kind", "kind", 18),
+    ("count", "count", 5),
+    ("message", "message", None),
+)
+
+
+class EventLog(RowTable):
+    DEFAULT_CSS = """
+    EventLog {
+        border: round $primary 50%;
+        border-title-color: $primary;
+        border-title-style: bold;
+        height: 1fr;
+    }
+    EventLog:focus {
+        border: round $accent;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._shown: dict[str, EventRecord] = {}
+
+    def on_mount(self) -> None:
+        self.border_title = "Events"
+        self.border_subtitle = "enter: details"
+        for key, label, width in _COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def reset(self) -> None:
+        self.clear()
+        self._shown = {}
+
+    @property
+    def selected_id(self) -> str | None:
+        """The id of the event under the cursor, if any."""
+        if not self.row_count:
+            return None
+        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
+        return key.value
+
+    def show(self, records: list[EventRecord]) -> None:
+        following = self.cursor_row >= self.row_count - 1
+        for record in records:
+            old = self._shown.get(record.id)
+            if old is None:
+                self.add_row(
+                    severity(record.severity),
+                    "—" if record.step is None else f"{record.step:,}",
+                    record.kind,
+                    f"×{record.count}",
+                    record.message,
+                    key=record.id,
+                )
+            elif old != record:
+                self.update_cell(record.id, "count", f"×{record.count}")
+                self.update_cell(record.id, "message", record.message)
+                self.update_cell(record.id, "severity", severity(record.severity))
+            self._shown[record.id] = record
+        if following and self.row_count:
+            self.move_cursor(row=self.row_count - 1)
+        critical = sum(r.severity == "critical" for r in records)
+        self.border_title = f"Events ({len(records)}, {critical} critical)" if records else "Events"

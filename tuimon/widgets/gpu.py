@@ -1,0 +1,197 @@
+"""The GPU panel: one card per device with utilisation, memory, temperature and power.
+
+Each metric is a bar (where it is now) plus a fixed-scale history of the last few minutes. A
+device far from its peers (a starving or throttled GPU drags the whole data-parallel job down to
+its pace) is marked in words, not only in colour.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Static
+
+from tuimon.store import DeviceView
+from tuimon.widgets.text import bar, spark
+
+#: A device this many utilisation points away from the median of the others is an outlier.
+UTIL_OUTLIER_POINTS = 30.0
+#: A device this much hotter than the median of the others is an outlier.
+TEMP_OUTLIER_C = 15.0
+_GIB = 1024**3
+_BAR = 12
+_SPARK = 24
+
+
+def _value(device: Mapping[str, Any], key: str) -> float | None:
+    value = device.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def find_outliers(devices: list[DeviceView]) -> dict[tuple[int, int], str]:
+    """(rank, index) -> why the device stands out; needs three devices to have "the others"."""
+    found: dict[tuple[int, int], str] = {}
+    for key, threshold, unit in (("util", UTIL_OUTLIER_POINTS, "%"), ("temp_c", TEMP_OUTLIER_C, "°C")):
+        readings = {(d.rank, d.index): v for d in devices if (v := _value(d.latest, key)) is not None}
+        if len(readings) < 3:
+            continue
+        for device_key, value in readings.items():
+            others = statistics.median(v for k, v in readings.items() if k != device_key)
+            if abs(value - others) >= threshold and device_key not in found:
+                label = "util" if key == "util" else "temp"
+                found[device_key] = f"{label} {value:.0f}{unit} vs {others:.0f}{unit}"
+    return found
+
+
+def _fraction(used: float | None, total: float | None) -> float | None:
+    return used / total if used is not None and total else None
+
+
+def _line(
+    label: str, fraction: float | None, value: str, history: list[float], low: float, high: float
+) -> Content:
+    return Content.assemble(
+        (f"{label:<5}", "$foreground 70%"),
+        (bar(fraction, _BAR), "$primary"),
+        f" {value:<15}",
+        (spark(history, low, high, _SPARK), "$accent"),
+    )
+
+
+def _name(device: DeviceView) -> str:
+    name = device.latest.get("name")
+    return name if isinstance(name, str) else ""
+
+
+def render_device(device: DeviceView, outlier: str | None, *, show_rank: bool, show_name: bool) -> Content:
+    """The card's text: a title line with marks, then one line per metric."""
+    latest = device.latest
+    who = f"r{device.rank} GPU {device.index}" if show_rank else f"GPU {device.index}"
+    title = [Content.styled(who, "bold")]
+    if show_name:
+        title.append(Content.styled(f" {_name(device)}"[:24], "$foreground 70%"))
+    clock = _value(latest, "sm_clock_mhz")
+    if clock is not None:
+        title.append(Content(f" {clock:.0f} MHz"))
+    if outlier:
+        title.append(Content(" "))
+        title.append(Content.styled(f"◀ OUTLIER {outlier}", "bold reverse $warning"))
+    throttle = latest.get("throttle")
+    if isinstance(throttle, list) and throttle:
+        title.append(Content.styled(f" ⚠ THROTTLE {', '.join(map(str, throttle))}", "bold $error"))
+    ecc = latest.get("ecc_errors")
+    if isinstance(ecc, int) and ecc > 0:
+        title.append(Content.styled(f" ✖ ECC {ecc}", "bold $error"))
+
+    util = _value(latest, "util")
+    used, total = _value(latest, "mem_used"), _value(latest, "mem_total")
+    temp = _value(latest, "temp_c")
+    power, limit = _value(latest, "power_w"), _value(latest, "power_limit_w")
+    history = device.history
+    max_power = limit or max([p for p in history["power"] if not math.isnan(p)] or [1.0])
+    memory = f"{used / _GIB:.1f}/{total / _GIB:.0f} GiB" if used is not None and total else "—"
+    lines = [
+        Content("").join(title),
+        _line(
+            "util",
+            _fraction(util, 100.0),
+            f"{util:.0f} %" if util is not None else "—",
+            history["util"],
+            0.0,
+            100.0,
+        ),
+        _line("mem", _fraction(used, total), memory, history["mem"], 0.0, 100.0),
+        _line(
+            "temp",
+            _fraction(temp, 100.0),
+            f"{temp:.0f} °C" if temp is not None else "—",
+            history["temp"],
+            20.0,
+            100.0,
+        ),
+        _line(
+            "power",
+            _fraction(power, max_power),
+            f"{power:.0f}/{limit:.0f} W"
+            if power is not None and limit
+            else (f"{power:.0f} W" if power is not None else "—"),
+            history["power"],
+            0.0,
+            max_power,
+        ),
+    ]
+    return Content("\n").join(lines)
+
+
+class GpuCard(Static):
+    DEFAULT_CSS = """
+    GpuCard {
+        height: auto;
+        padding: 0 1;
+        border-left: blank;
+    }
+    GpuCard.-outlier {
+        border-left: thick $warning;
+        background: $warning 12%;
+    }
+    GpuCard.-throttled {
+        border-left: thick $error;
+    }
+    """
+
+
+class GpuPanel(VerticalScroll):
+    """Cards for every device of the selected run (all ranks)."""
+
+    DEFAULT_CSS = """
+    GpuPanel {
+        border: round $primary 50%;
+        border-title-color: $primary;
+        border-title-style: bold;
+        height: 1fr;
+        scrollbar-size-vertical: 1;
+    }
+    GpuPanel > .gpu-empty {
+        color: $foreground 60%;
+        padding: 1 2;
+    }
+    """
+
+    def on_mount(self) -> None:
+        self.border_title = "GPUs"
+        self.mount(Static("no GPU data yet", classes="gpu-empty"))
+
+    def reset(self) -> None:
+        """Forget the cards (another run is shown)."""
+        self.border_subtitle = ""
+        self.remove_children()
+        self.mount(Static("no GPU data yet", classes="gpu-empty"))
+
+    def show(self, devices: list[DeviceView], simulated: bool) -> None:
+        self.border_title = "GPUs  SIMULATED" if simulated else "GPUs"
+        cards = {card.id: card for card in self.query(GpuCard)}
+        outliers = find_outliers(devices)
+        show_rank = len({d.rank for d in devices}) > 1
+        names = {_name(d) for d in devices}
+        show_name = len(names) > 1
+        self.border_subtitle = f"{len(devices)} × {names.pop()}" if devices and not show_name else ""
+        new_cards = []
+        for device in devices:
+            card_id = f"gpu-{device.rank}-{device.index}"
+            card = cards.get(card_id)
+            if card is None:
+                card = GpuCard(id=card_id)
+                new_cards.append(card)
+            key = (device.rank, device.index)
+            card.update(render_device(device, outliers.get(key), show_rank=show_rank, show_name=show_name))
+            card.set_class(key in outliers, "-outlier")
+            card.set_class(bool(device.latest.get("throttle")), "-throttled")
+        if devices:
+            self.query(".gpu-empty").remove()
+        if new_cards:
+            self.mount_all(new_cards)

@@ -1,0 +1,91 @@
+"""The run header: which run, where, how far, how fast, and whether the data is live."""
+
+from __future__ import annotations
+
+import math
+
+from textual.content import Content
+from textual.widgets import Static
+
+from tuimon.store import RunView, SourceStatus
+from tuimon.widgets.text import duration, number
+
+_HEALTH = {
+    "live": ("● LIVE", "$success"),
+    "stale": ("◌ STALE", "$warning"),
+    "ended": ("■ ENDED", "$secondary"),
+}
+_END_STYLE = {"completed": "$success", "interrupted": "$warning", "failed": "$error"}
+
+
+def _ranks(ranks: tuple[int, ...], world_size: int | None) -> str:
+    if not ranks:
+        return "—"
+    listed = f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+    return f"{listed} ({len(ranks)}/{world_size})" if world_size and world_size != len(ranks) else listed
+
+
+def connection(view: RunView | None, source: SourceStatus, now: float) -> Content:
+    """LIVE / STALE / ENDED, and for a replay its speed and position as well."""
+    parts = []
+    if source.kind == "replay":
+        state = "❚❚ PAUSED" if source.paused else "▶ REPLAY"
+        speed = "max" if source.speed is None or math.isinf(source.speed) else f"{source.speed:g}×"
+        position = f"{source.position:.0%} {duration(source.position * source.duration_s)}"
+        total = duration(source.duration_s)
+        parts.append(Content.styled(f"{state} {speed} {position}/{total}", "bold $accent"))
+    if view is not None:
+        label, style = _HEALTH[view.health]
+        if view.health == "ended" and view.end_status:
+            label = f"■ ENDED: {view.end_status}"
+            style = _END_STYLE.get(view.end_status, style)
+        elif view.health == "stale" and view.last_ts is not None and source.kind == "live":
+            label = f"◌ STALE: silent {duration(now - view.last_ts)}"
+        parts.append(Content.styled(label, f"bold {style}"))
+    return Content(" ").join(parts)
+
+
+class RunHeader(Static):
+    """Two lines: the run's vital numbers, then notices (waiting, silent endpoints, ...)."""
+
+    DEFAULT_CSS = """
+    RunHeader {
+        height: 2;
+        background: $panel;
+        padding: 0 1;
+    }
+    """
+
+    def show(self, view: RunView | None, source: SourceStatus, notices: list[str], now: float) -> None:
+        separator = Content.styled(" │ ", "$foreground 40%")
+        if view is None:
+            first = Content.assemble(
+                ("tuimon", "bold $primary"), separator, ("no run yet", "$foreground 70%")
+            )
+        else:
+            end = now if view.health != "ended" or view.last_ts is None else view.last_ts
+            elapsed = end - view.started_ts if view.started_ts is not None else None
+            fields = [
+                Content.styled(view.name, "bold $primary"),
+                Content.from_markup("host [b]$host[/]", host=", ".join(view.hosts) or "—"),
+                Content.from_markup("ranks [b]$ranks[/]", ranks=_ranks(view.ranks, view.world_size)),
+                Content.from_markup("step [b]$step[/]", step="—" if view.step is None else f"{view.step:,}"),
+                Content.from_markup("elapsed [b]$elapsed[/]", elapsed=duration(elapsed)),
+            ]
+            if view.throughput is not None:
+                name, value = view.throughput
+                unit = name.removesuffix("_per_s")
+                fields.append(Content.from_markup("[b]$value[/] $unit/s", value=number(value, 3), unit=unit))
+            fields.append(connection(view, source, now))
+            if view.gpu_simulated:
+                fields.append(Content.styled(" SIMULATED GPUs ", "bold reverse $warning"))
+            first = separator.join(fields)
+        if notices:
+            second = Content.styled("⚠ " + "  ⚠ ".join(notices), "$warning")
+        elif view is not None and view.end_error:
+            second = Content.styled(f"error: {view.end_error}", "$error")
+        elif view is None and source.kind == "replay":
+            second = connection(None, source, now)
+        else:
+            second = Content("")
+        self.update(Content("\n").join([first, second]))

@@ -1,0 +1,28 @@
+"""The DataTable the dashboard's tables share: row cursor, and only the keys a row list needs.
+
+DataTable's own left/right/home/end would swallow the replay's seek keys while a table has focus;
+a row list has no use for them (cells never scroll sideways far enough to matter), so they are
+left to the app.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable
+
+
+class RowTable(DataTable, inherit_bindings=False):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Details"),
+        Binding("up", "cursor_up", "Cursor up", show=False),
+        Binding("down", "cursor_down", "Cursor down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("ctrl+home", "scroll_top", "Top", show=False),
+        Binding("ctrl+end", "scroll_bottom", "Bottom", show=False),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
