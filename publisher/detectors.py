@@ -68,11 +68,15 @@ class Detector:
     quiet_to_close: int = 20
     rank: int = 0
 
-    def observe_step(self, step: int, metrics: Metrics) -> Iterable[Finding]:
-        """Called once per optimizer step with that step's metrics (``loss`` is always there)."""
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        """Called once per optimizer step with that step's metrics (``loss`` is always there).
+
+        Runs on the training thread: keep it to a few float operations, return ``()`` when
+        nothing is wrong (a list or tuple, not a generator: emptiness is the fast path).
+        """
         return ()
 
-    def observe_gpu(self, step: int | None, devices: Devices) -> Iterable[Finding]:
+    def observe_gpu(self, step: int | None, devices: Devices) -> Sequence[Finding]:
         """Called once per GPU sample with the protocol's device dicts; ``step`` is the latest."""
         return ()
 
@@ -93,7 +97,7 @@ class NonFiniteLoss(Detector):
     "exploding tensor" rule; AutoTrainer's "loss NaN"; Lightning Fabric counts it as a spike).
     """
 
-    def observe_step(self, step: int, metrics: Metrics) -> Iterable[Finding]:
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         loss = metrics.get("loss")
         if loss is None or math.isfinite(loss):
             return ()
@@ -119,58 +123,77 @@ class NonFiniteLoss(Detector):
         )
 
 
-class _Window:
-    """Sliding window of floats with O(1) mean and standard deviation.
+class _LossWindow:
+    """The last ``size`` normal losses with O(1) mean and spread, of the loss and of its log.
 
-    Running sums drift with floating-point error, so they are recomputed from the window each
-    time it has been entirely replaced.
+    Running sums are kept so a step costs a few float operations (this runs on the training
+    thread). They drift with floating-point error, so they are recomputed from the values each
+    time the window has been entirely replaced. ``nonpositive`` counts losses <= 0 in the window,
+    for which the log statistics do not exist.
     """
+
+    __slots__ = ("_pushes", "log_sum", "log_sumsq", "nonpositive", "sum", "sumsq", "values")
 
     def __init__(self, size: int) -> None:
         self.values: deque[float] = deque(maxlen=size)
-        self._sum = 0.0
-        self._sumsq = 0.0
-        self._pushes = 0
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def push(self, value: float) -> None:
-        values = self.values
-        if len(values) == values.maxlen:
-            old = values[0]
-            self._sum -= old
-            self._sumsq -= old * old
-        values.append(value)
-        self._sum += value
-        self._sumsq += value * value
-        self._pushes += 1
-        if self._pushes % values.maxlen == 0:
-            self._sum = math.fsum(values)
-            self._sumsq = math.fsum(v * v for v in values)
-
-    def mean(self) -> float:
-        return self._sum / len(self.values)
-
-    def std(self) -> float:
-        n = len(self.values)
-        mean = self._sum / n
-        return math.sqrt(max(0.0, self._sumsq / n - mean * mean))
+        self.clear()
 
     def clear(self) -> None:
         self.values.clear()
-        self._sum = self._sumsq = 0.0
-        self._pushes = 0
+        self.sum = self.sumsq = self.log_sum = self.log_sumsq = 0.0
+        self.nonpositive = self._pushes = 0
+
+    def push(self, value: float) -> None:
+        values = self.values
+        if len(values) == values.maxlen:  # the oldest value leaves the sums
+            old = values[0]
+            self.sum -= old
+            self.sumsq -= old * old
+            if old > 0:
+                log = math.log(old)
+                self.log_sum -= log
+                self.log_sumsq -= log * log
+            else:
+                self.nonpositive -= 1
+        values.append(value)
+        self.sum += value
+        self.sumsq += value * value
+        if value > 0:
+            log = math.log(value)
+            self.log_sum += log
+            self.log_sumsq += log * log
+        else:
+            self.nonpositive += 1
+        self._pushes += 1
+        if self._pushes % values.maxlen == 0:
+            self._recompute()
+
+    def _recompute(self) -> None:
+        values = self.values
+        logs = [math.log(v) for v in values if v > 0]
+        self.sum, self.sumsq = math.fsum(values), math.fsum(v * v for v in values)
+        self.log_sum, self.log_sumsq = math.fsum(logs), math.fsum(v * v for v in logs)
+
+    @staticmethod
+    def spread(total: float, total_sq: float, n: int) -> tuple[float, float]:
+        """Mean and standard deviation from running sums."""
+        mean = total / n
+        return mean, math.sqrt(max(0.0, total_sq / n - mean * mean))
 
 
 class LossSpike(Detector):
     """Loss far above its recent level, judged against the last ``window`` normal steps.
 
     A step is a spike when BOTH hold (each alone has false alarms):
-    - ``loss - mean >= (ratio - 1) * |mean|``: ratio 2.0, as LLM Foundry (loss >= 2x the mean of
-      a 100-step window) and Lightning Fabric (rtol 2.0). Alone, it fires on small noisy losses.
-    - ``loss - mean >= z * std``: z 6, as OLMo-core (mean + 6 sigma over 128 steps). Alone, it
-      fires on very flat curves where sigma is tiny.
+    - ``loss >= ratio * mean`` (for a negative mean: ``loss - mean >= (ratio - 1) * |mean|``):
+      ratio 2.0, as LLM Foundry (loss >= 2x the mean of a 100-step window) and Lightning Fabric
+      (rtol 2.0). Alone, it fires on small noisy losses.
+    - the loss is ``z`` = 6 standard deviations above the window, as OLMo-core (mean + 6 sigma
+      over 128 steps). Alone, it fires on very flat curves where sigma is tiny. Unlike OLMo-core,
+      sigma is measured on log(loss) while losses are positive: per-batch losses are right-skewed
+      (a few hard batches), so a small-batch run with heavy-tailed noise gets a wide spread and
+      stays quiet, while on a steady large-batch run a real spike still stands out by dozens of
+      sigmas. Non-positive losses (ELBOs, log-likelihoods) are measured linearly.
     ``window`` 100 follows LLM Foundry; no check before ``warmup`` (25, ZClip's warm-up) normal
     steps, since the first steps fall fast and have no baseline. During normal descent the
     window's mean lies above the current loss, which only makes the test stricter.
@@ -180,6 +203,9 @@ class LossSpike(Detector):
     baseline so a divergence keeps being reported; after ``rebase_after`` spike steps in a row the
     high level is accepted as the new normal (a data-phase change) and the baseline restarts.
     """
+
+    #: Smallest spread assumed: 0.1 % of the loss (a perfectly flat curve has none at all).
+    MIN_RELATIVE_SPREAD = 1e-3
 
     def __init__(
         self,
@@ -195,21 +221,28 @@ class LossSpike(Detector):
         self.z = z
         self.warmup = warmup
         self.rebase_after = rebase_after
-        self._window = _Window(window)
+        self._window = _LossWindow(window)
         self._spike_run = 0
 
-    def observe_step(self, step: int, metrics: Metrics) -> Iterable[Finding]:
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         loss = metrics.get("loss")
         if loss is None or not math.isfinite(loss):
             return ()
         window = self._window
-        if len(window) < self.warmup:
+        n = len(window.values)
+        if n < self.warmup:
             window.push(loss)
             return ()
-        mean = window.mean()
-        std = max(window.std(), 1e-3 * abs(mean), 1e-8)
-        excess = loss - mean
-        if excess < (self.ratio - 1.0) * abs(mean) or excess < self.z * std:
+        mean, std = window.spread(window.sum, window.sumsq, n)
+        in_log_space = window.nonpositive == 0 and loss > 0
+        if in_log_space:
+            log_mean, log_std = window.spread(window.log_sum, window.log_sumsq, n)
+            spread = max(log_std, self.MIN_RELATIVE_SPREAD)
+            sigmas = (math.log(loss) - log_mean) / spread
+        else:
+            spread = max(std, self.MIN_RELATIVE_SPREAD * abs(mean), 1e-12)
+            sigmas = (loss - mean) / spread
+        if loss - mean < (self.ratio - 1.0) * abs(mean) or sigmas < self.z:
             self._spike_run = 0
             window.push(loss)
             return ()
@@ -218,20 +251,20 @@ class LossSpike(Detector):
             window.clear()
             self._spike_run = 0
         ratio = loss / mean if mean > 0 else None
-        sigmas = excess / std
-        times = f"{ratio:.1f}x" if ratio is not None else f"+{_fmt(excess)} over"
+        times = f"{ratio:.1f}x" if ratio is not None else f"+{_fmt(loss - mean)} over"
         return (
             Finding(
                 "loss_spike",
                 f"loss {_fmt(loss)} at {_where(step, self.rank)} is {times} its recent mean {_fmt(mean)} "
-                f"(+{sigmas:.0f} sigma over the last {len(window)} steps)",
+                f"(+{sigmas:.0f} sigma over the last {n} steps)",
                 {
                     "value": loss,
                     "baseline": mean,
-                    "baseline_std": std,
                     "ratio": ratio,
                     "sigmas": sigmas,
-                    "window": len(window),
+                    "spread": spread,
+                    "spread_of": "log(loss)" if in_log_space else "loss",
+                    "window": n,
                     "step": step,
                     "rank": self.rank,
                     "grad_norm": metrics.get("grad_norm"),
@@ -245,7 +278,6 @@ class LossSpike(Detector):
                 },
             ),
         )
-
 
 class GpuImbalance(Detector):
     """One GPU far less busy than the others over a window of samples: a straggler or starved rank.
@@ -267,7 +299,7 @@ class GpuImbalance(Detector):
         self.min_gap = min_gap
         self._history: dict[int, deque[float]] = {}
 
-    def observe_gpu(self, step: int | None, devices: Devices) -> Iterable[Finding]:
+    def observe_gpu(self, step: int | None, devices: Devices) -> Sequence[Finding]:
         for device in devices:
             util = device.get("util")
             if util is not None:
@@ -323,7 +355,7 @@ class GpuThrottle(Detector):
         self.min_samples = min_samples
         self._streak: dict[int, int] = {}
 
-    def observe_gpu(self, step: int | None, devices: Devices) -> Iterable[Finding]:
+    def observe_gpu(self, step: int | None, devices: Devices) -> Sequence[Finding]:
         findings = []
         for device in devices:
             index = device["index"]
@@ -371,7 +403,7 @@ class GpuEcc(Detector):
     def __init__(self) -> None:
         self._seen: dict[int, int] = {}
 
-    def observe_gpu(self, step: int | None, devices: Devices) -> Iterable[Finding]:
+    def observe_gpu(self, step: int | None, devices: Devices) -> Sequence[Finding]:
         findings = []
         for device in devices:
             errors = device.get("ecc_errors")
@@ -456,10 +488,12 @@ class EpisodeTracker:
         return f"{self.rank}-{next(self._ids)}"
 
     def observe(
-        self, owner: object, step: int | None, findings: Iterable[Finding], quiet_to_close: int
+        self, owner: object, step: int | None, findings: Sequence[Finding], quiet_to_close: int
     ) -> None:
         """Record one observation of ``owner`` and the findings it produced (maybe none)."""
         episodes = self._open.get(id(owner))
+        if not findings and not episodes:
+            return  # the common case, on the training thread: nothing open, nothing new
         if episodes is None:
             episodes = self._open[id(owner)] = {}
         seen = set()
@@ -550,23 +584,26 @@ class DetectorSet:
         self._gpu_detectors = [d for d in self.detectors if _overrides(d, "observe_gpu")]
 
     def observe_step(self, step: int, metrics: Metrics) -> None:
+        observe = self.tracker.observe
         for detector in self._step_detectors:
-            self._run(detector, detector.observe_step, step, metrics)
+            try:
+                observe(detector, step, detector.observe_step(step, metrics), detector.quiet_to_close)
+            except Exception:
+                self._disable(detector)
 
     def observe_gpu(self, step: int | None, devices: Devices) -> None:
+        observe = self.tracker.observe
         for detector in self._gpu_detectors:
-            self._run(detector, detector.observe_gpu, step, devices)
+            try:
+                observe(detector, step, detector.observe_gpu(step, devices), detector.quiet_to_close)
+            except Exception:
+                self._disable(detector)
 
-    def _run(
-        self, detector: Detector, hook: Callable[[Any, Any], Iterable[Finding]], step: Any, data: Any
-    ) -> None:
-        try:
-            self.tracker.observe(detector, step, hook(step, data), detector.quiet_to_close)
-        except Exception:
-            log.exception("tuimon: detector %s failed and is disabled for this run", type(detector).__name__)
-            # New lists, not in-place removal: the caller may be iterating over the old one.
-            self._step_detectors = [d for d in self._step_detectors if d is not detector]
-            self._gpu_detectors = [d for d in self._gpu_detectors if d is not detector]
+    def _disable(self, detector: Detector) -> None:
+        log.exception("tuimon: detector %s failed and is disabled for this run", type(detector).__name__)
+        # New lists, not in-place removal: the caller is iterating over the old one.
+        self._step_detectors = [d for d in self._step_detectors if d is not detector]
+        self._gpu_detectors = [d for d in self._gpu_detectors if d is not detector]
 
     def close(self) -> None:
         self.tracker.flush()

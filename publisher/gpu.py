@@ -319,7 +319,6 @@ class SimulatedSource(GpuSource):
         }
 
 
-
 def _lag(values: list[float], index: int, target: float, dt: float, tau: float) -> float:
     """First-order lag of ``values[index]`` towards ``target`` over ``dt`` s (starts at the target)."""
     if index == len(values):

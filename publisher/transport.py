@@ -99,7 +99,14 @@ class Publisher:
     """One rank's stream: PUB socket, snapshot ROUTER socket, recording and registry entry.
 
     Binding happens here, in the constructor, so that a wrong address or an unwritable recording
-    path fails at start-up with a clear message rather than silently later.
+    path fails at start-up with a clear message rather than silently later::
+
+        with Publisher("llama-7b", rank=0, record="runs/llama.jsonl") as publisher:
+            publisher.publish("run_start", config=config, seed=0, world_size=1)
+            publisher.publish("metrics", step=step, metrics=wire_numbers({"loss": loss}))
+
+    ``close()`` (or leaving the ``with`` block, or interpreter exit) sends ``run_end``: do not
+    publish one yourself.
     """
 
     def __init__(
@@ -318,7 +325,7 @@ class Publisher:
         try:
             self._pub.send(frame, zmq.NOBLOCK)
             self._sent += 1
-        except zmq.ZMQError as exc:
+        except zmq.ZMQError as exc:  # not a slow viewer (PUB drops for those by itself): a broken socket
             self._send_dropped += 1
             self._warn_once(msg_type, exc)
         if self._recorder is not None:
@@ -394,7 +401,10 @@ class Publisher:
             registry.unregister(self._registry_path)
 
     def _close_at_exit(self) -> None:
-        """The script ended without close(): report how (an uncaught exception sets sys.last_value)."""
+        """The script ended without close(): report how (an uncaught exception sets sys.last_value).
+
+        In an interactive session an earlier error shown at the prompt also sets it; call close().
+        """
         status, error = end_status(getattr(sys, "last_value", None))
         self.close(status, error)
 

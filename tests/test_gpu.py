@@ -132,10 +132,8 @@ def test_throttle_bits_decode_to_names_and_idle_is_not_throttling() -> None:
     )
     assert decode_throttle(mask) == ["sw_thermal", "hw_power_brake"]
     assert decode_throttle(pynvml.nvmlClocksEventReasonGpuIdle) == []
-    assert decode_throttle(pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwSlowdown) == [
-        "sw_power_cap",
-        "hw_slowdown",
-    ]
+    power_and_board = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwSlowdown
+    assert decode_throttle(power_and_board) == ["sw_power_cap", "hw_slowdown"]
     assert decode_throttle(pynvml.nvmlClocksEventReasonHwThermalSlowdown) == ["hw_thermal"]
 
 

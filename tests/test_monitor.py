@@ -55,8 +55,14 @@ class Regression:
         loss.backward()
         return loss
 
-    def train(self, mon: Monitor, steps: int, corrupt_at: set[int] = frozenset(), nan_at: set[int] = frozenset()):
-        """Train ``steps`` steps; returns the reference grad norm of each step (computed independently)."""
+    def train(
+        self,
+        mon: Monitor,
+        steps: int,
+        corrupt_at: frozenset[int] = frozenset(),
+        nan_at: frozenset[int] = frozenset(),
+    ) -> list[float]:
+        """Train ``steps`` steps; returns each step's grad norm, computed independently of the Monitor."""
         reference = []
         for step in range(1, steps + 1):
             loss = self.forward_backward(corrupt=step in corrupt_at, poison=step in nan_at)
@@ -87,6 +93,7 @@ def test_a_real_loop_is_seen_live_by_a_subscriber(context: zmq.Context, tmp_path
         seed=0,
         record=record,
         gpu="none",
+        grad_norm_budget=1.0,  # every step, to compare each one with the reference
     )
     sub = subscribe(context, mon.endpoint)
     receive_until(sub, lambda m: m["type"] == "heartbeat")  # the SUB has joined
@@ -117,15 +124,30 @@ def test_a_real_loop_is_seen_live_by_a_subscriber(context: zmq.Context, tmp_path
     assert start["versions"]["torch"] == torch.__version__ and start["versions"]["python"]
     assert start["model"]["parameters"] == 16 * 32 + 32 + 32 + 1
     assert start["repro"]["config_hash"] and start["repro"]["argv"] == sys.argv
-    assert set(start["repro"]["determinism"]) == {"deterministic_algorithms", "cudnn_benchmark", "cudnn_deterministic"}
+    determinism = {"deterministic_algorithms": False, "cudnn_benchmark": False, "cudnn_deterministic": False}
+    assert start["repro"]["determinism"] == determinism
     assert not of_type(live, "event"), "a healthy run raises nothing"
+
+
+def test_the_grad_norm_keeps_within_its_cost_budget(tmp_path: Path) -> None:
+    task = Regression(seed=5)
+    record = tmp_path / "budget.jsonl"
+    with Monitor(
+        task.model, task.optimizer, run="budget", record=record, gpu="none", grad_norm_budget=0.001
+    ) as mon:
+        reference = task.train(mon, steps=200)
+    metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
+    measured = [(i, m["grad_norm"]) for i, m in enumerate(metrics) if "grad_norm" in m]
+    assert 3 <= len(measured) <= 100, "0.1 % of a sub-millisecond step: only every few steps"
+    assert all(value == pytest.approx(reference[i], rel=1e-4) for i, value in measured)
+    assert all("loss" in m for m in metrics), "the loss is never skipped"
 
 
 def test_a_late_viewer_gets_run_start_from_the_snapshot(context: zmq.Context) -> None:
     task = Regression(seed=1)
     with Monitor(task.model, task.optimizer, run="late", config={"a": 1}, gpu="none") as mon:
         task.train(mon, steps=20)
-        header, snapshot = request_snapshot(context, mon.publisher.snapshot_endpoint)
+        _header, snapshot = request_snapshot(context, mon.publisher.snapshot_endpoint)
     assert snapshot[0]["type"] == "run_start" and snapshot[0]["config"] == {"a": 1}
     assert [m["step"] for m in of_type(snapshot, "metrics")][-1] == 20
 
@@ -134,7 +156,7 @@ def test_nan_losses_make_one_critical_event_whose_count_grows(tmp_path: Path) ->
     task = Regression(seed=2)
     record = tmp_path / "nan.jsonl"
     with Monitor(task.model, task.optimizer, run="nan", record=record, gpu="none") as mon:
-        task.train(mon, steps=120, nan_at={60, 61, 62, 63, 64})
+        task.train(mon, steps=120, nan_at=frozenset(range(60, 65)))
     messages = messages_in(record)
     losses = {m["step"]: m["metrics"]["loss"] for m in of_type(messages, "metrics")}
     assert losses[60] == "nan" and losses[65] != "nan", "the NaN is on the wire in protocol form"
@@ -151,7 +173,7 @@ def test_a_corrupted_batch_is_reported_as_a_loss_spike(tmp_path: Path) -> None:
     task = Regression(seed=3)
     record = tmp_path / "spike.jsonl"
     with Monitor(task.model, task.optimizer, run="spike", record=record, gpu="none") as mon:
-        task.train(mon, steps=200, corrupt_at={150})
+        task.train(mon, steps=200, corrupt_at=frozenset({150}))
     (event,) = of_type(messages_in(record), "event")
     assert (event["kind"], event["severity"], event["step"]) == ("loss_spike", "warning", 150)
     details = event["details"]
@@ -224,7 +246,10 @@ def test_the_monitor_never_raises_when_telemetry_breaks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("exception", "status", "error"),
-    [(RuntimeError("CUDA out of memory"), "failed", "RuntimeError: CUDA out of memory"), (KeyboardInterrupt(), "interrupted", None)],
+    [
+        (RuntimeError("CUDA out of memory"), "failed", "RuntimeError: CUDA out of memory"),
+        (KeyboardInterrupt(), "interrupted", None),
+    ],
 )
 def test_an_exception_in_the_with_block_ends_the_run_with_its_status(
     tmp_path: Path, exception: BaseException, status: str, error: str | None
@@ -270,4 +295,3 @@ def test_a_script_that_forgets_close_still_completes(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (messages[-1]["type"], messages[-1]["status"]) == ("run_end", "completed")
-

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import signal
+import sys
+import termios
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar, Protocol
 
 from textual.app import App, ComposeResult, SystemCommand
@@ -128,6 +132,7 @@ class TuimonApp(App[None]):
             self.register_theme(custom)
         self._initial_theme = theme
         self._seen: dict[str, object] = {}
+        self._generation = self.store.generation
         self._incidents_available = importlib.util.find_spec(INCIDENT_SCREEN_MODULE) is not None
 
     # ------------------------------------------------------------------------------------ layout
@@ -146,14 +151,33 @@ class TuimonApp(App[None]):
     def on_mount(self) -> None:
         self.theme = self._initial_theme
         if self._exit_on_hangup:
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGHUP, signal.SIGTERM):
-                loop.add_signal_handler(signum, self.exit)
+            self._watch_terminal()
         self.source.start()
         self.query_one(EventLog).focus()
         self.refresh_numbers()
         self.set_interval(1 / NUMBERS_HZ, self.refresh_numbers)
         self.set_interval(1 / CHARTS_HZ, self.refresh_chart)
+
+    def _watch_terminal(self) -> None:
+        """Quit when the terminal goes away, instead of spinning a core on a dead tty.
+
+        Without this, Textual 8 dies on SIGHUP by the default action (no cleanup: a demo's child
+        and the terminal modes are left as they are) and, when SIGHUP is ignored (nohup, disown)
+        or never sent (no controlling terminal), its input thread spins on the hung-up terminal.
+        After a hangup every terminal ioctl fails, so a once-a-second ``tcgetattr`` notices.
+        """
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGHUP, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.exit)
+        stdin = sys.__stdin__
+        if stdin is not None and os.isatty(stdin.fileno()):
+            self.set_interval(1.0, partial(self._check_terminal, stdin.fileno()))
+
+    def _check_terminal(self, fd: int) -> None:
+        try:
+            termios.tcgetattr(fd)
+        except (termios.error, OSError):
+            self.exit()
 
     def on_unmount(self) -> None:
         self.source.stop()
@@ -178,6 +202,10 @@ class TuimonApp(App[None]):
     def refresh_numbers(self) -> None:
         """Header, GPUs, tables and status line, each only if what it shows changed."""
         store = self.store
+        if store.generation != self._generation:
+            self._generation = store.generation
+            if self.run_name is not None:
+                self._select_run(self.run_name)  # the store was rebuilt (a replay seeked backwards)
         if self.run_name is None:
             names = store.run_names()
             if names:
@@ -257,7 +285,11 @@ class TuimonApp(App[None]):
             self.notify("no runs yet", timeout=2)
             return
         position = names.index(self.run_name) if self.run_name in names else -1
-        self._select_run(names[(position + 1) % len(names)])
+        following = names[(position + 1) % len(names)]
+        if following == self.run_name:
+            self.notify(f"only one run so far: {following}", timeout=2)
+            return
+        self._select_run(following)
         self.refresh_numbers()
         self.refresh_chart()
         self.notify(f"run: {self.run_name} ({names.index(self.run_name) + 1} of {len(names)})", timeout=2)

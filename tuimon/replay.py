@@ -129,6 +129,7 @@ class ReplaySource:
         self._index = 0  # lines[:_index] are in the store
         self._thread: threading.Thread | None = None
         self._count_bad_lines()
+        self._publish_status()
 
     def where(self) -> str:
         """The recordings played, in words (status line)."""

@@ -17,7 +17,7 @@ import threading
 import time
 from array import array
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,10 +66,11 @@ class Series:
     def last(self) -> tuple[int, float] | None:
         return (self.steps[-1], self.values[-1]) if self.steps else None
 
-    def tail(self, count: int | None = None) -> tuple[list[int], list[float]]:
-        """Copies of the last ``count`` points (all when None)."""
+    def tail(self, count: int | None = None) -> tuple[array[int], array[float]]:
+        """Copies of the last ``count`` points (all when None): flat arrays, a memory copy each,
+        so that a chart can take 200k points without holding the store's lock for long."""
         start = 0 if count is None else max(0, len(self.steps) - count)
-        return self.steps[start:].tolist(), self.values[start:].tolist()
+        return self.steps[start:], self.values[start:]
 
     def between(self, first_step: int, last_step: int) -> tuple[list[int], list[float]]:
         """Copies of the points with ``first_step <= step <= last_step`` (steps are ascending)."""
@@ -244,6 +245,7 @@ class Store:
         # Every change takes the next number of this counter, which survives reset(): a version a
         # panel remembers is never handed out again for different content.
         self._changes = 0
+        self.generation = 0  # how many times reset() was called: panels start over when it moves
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -270,6 +272,7 @@ class Store:
         """Forget everything (replay seeks backwards by rebuilding from the start)."""
         with self._lock:
             self._reset_state()
+            self.generation += 1
 
     def apply_batch(
         self,
@@ -557,11 +560,11 @@ class Store:
 
     def series(
         self, run: str, name: str, *, rank: int | None = None, last: int | None = None
-    ) -> tuple[list[int], list[float]]:
-        """Copies of a metric's (steps, values); the lowest rank unless ``rank`` is given."""
+    ) -> tuple[Sequence[int], Sequence[float]]:
+        """Copies of a metric's (steps, values) as flat arrays; the lowest rank unless ``rank``."""
         with self._lock:
             found = self._series(run, name, rank)
-            return found.tail(last) if found else ([], [])
+            return found.tail(last) if found else (array("q"), array("d"))
 
     def metric_window(
         self,

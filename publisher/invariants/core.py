@@ -18,6 +18,7 @@ Design rules every check follows, gathered here so that each check module stays 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -33,6 +34,7 @@ EmitEvent = Callable[..., None]
 EmitStatus = Callable[..., None]
 
 _STATUS_RANK = {"unchecked": 0, "ok": 1, "violated": 2}
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,14 +66,16 @@ class StatusBoard:
         self._order = itertools.count()
 
     def start(self, name: str, message: str) -> None:
-        """Announce an invariant as unchecked, saying why (called once per name at start)."""
-        self._idle[name] = message
+        """Announce an invariant as unchecked (once per name), saying why; a reason given earlier
+        through :meth:`idle_message` wins over ``message``."""
+        self._idle.setdefault(name, message)
         self._publish(name, force=True)
 
     def idle_message(self, name: str, message: str) -> None:
         """Change what an unchecked invariant says about itself (e.g. why it cannot be checked)."""
         self._idle[name] = message
-        self._publish(name)
+        if name in self._current:
+            self._publish(name)
 
     def report(self, name: str, source: Hashable, status: str, step: int | None, message: str,
                details: dict[str, Any] | None = None) -> None:
@@ -98,7 +102,7 @@ class StatusBoard:
         if keys - reported:
             reported |= keys
             kind = KIND_OF[name]
-            self._emit_event(kind, EVENT_KINDS[kind].default_severity, message, step, details)
+            self._emit(self._emit_event, kind, EVENT_KINDS[kind].default_severity, message, step, details)
 
     def disable(self, name: str, message: str) -> None:
         """Stop listening to every source of ``name`` (configuration, or an internal error)."""
@@ -125,8 +129,19 @@ class StatusBoard:
             state = {"status": lead.status, "step": step, "message": lead.message, "details": lead.details}
         previous = self._current.get(name)
         self._current[name] = state
-        if force or previous is None or previous["status"] != state["status"]:
-            self._emit_status(name, state["status"], state["step"], state["message"], state["details"])
+        changed = previous is None or previous["status"] != state["status"]
+        # An unchecked invariant saying *why* differently (e.g. "single process") is news too.
+        reason = state["status"] == "unchecked" and previous is not None and previous["message"] != state["message"]
+        if force or changed or reason:
+            self._emit(self._emit_status, name, state["status"], state["step"], state["message"], state["details"])
+
+    @staticmethod
+    def _emit(emit: Callable[..., None], *args: Any) -> None:
+        """Hand a message to the Monitor; if that fails, log it: the training step goes on."""
+        try:
+            emit(*args)
+        except Exception:
+            _log.warning("invariant checker: emitting %s failed", args[0], exc_info=True)
 
 
 class Schedule:
@@ -172,19 +187,29 @@ class HostValue:
 
 
 class PendingResults:
-    """Verdicts still on their way from the device, handed to their callbacks in order."""
+    """Verdicts still on their way from the device, handed to their callbacks in order.
 
-    def __init__(self) -> None:
-        self._queue: deque[tuple[HostValue, Callable[[torch.Tensor], None]]] = deque()
+    A callback that raises is reported to ``on_error`` with the check that queued it, which
+    switches that check off; the other checks' verdicts keep flowing.
+    """
 
-    def add(self, tensor: torch.Tensor, callback: Callable[[torch.Tensor], None]) -> None:
-        self._queue.append((HostValue(tensor), callback))
+    def __init__(self, on_error: Callable[[Check, BaseException], None]) -> None:
+        self._on_error = on_error
+        self._queue: deque[tuple[Check, HostValue, Callable[[torch.Tensor], None]]] = deque()
+
+    def add(self, owner: Check, tensor: torch.Tensor, callback: Callable[[torch.Tensor], None]) -> None:
+        self._queue.append((owner, HostValue(tensor), callback))
 
     def drain(self, wait: bool = False) -> None:
         """Run the callbacks whose values have arrived (all of them, waiting, when ``wait``)."""
-        while self._queue and (wait or self._queue[0][0].ready()):
-            value, callback = self._queue.popleft()
-            callback(value.wait())
+        while self._queue and (wait or self._queue[0][1].ready()):
+            owner, value, callback = self._queue.popleft()
+            if owner.dead:
+                continue
+            try:
+                callback(value.wait())
+            except Exception as exc:
+                self._on_error(owner, exc)
 
 
 class ParamNamer:

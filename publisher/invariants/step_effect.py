@@ -131,17 +131,26 @@ class StepEffectCheck(Check):
         params = self._watched.params
         probes = snap.trained + snap.frozen
         after = [probe.sample(params[probe.index]) for probe in probes]
-        diffs = torch._foreach_sub(after, [probe.before for probe in probes])
-        change = torch._foreach_norm(diffs, math.inf)
-        device = change[0].device
-        changed = stack_on(change, device) != 0  # NaN counts as changed: another detector's business
+        # A step that gave a parameter another shape or dtype (a growing layer) did change it.
+        comparable = [k for k, (now, probe) in enumerate(zip(after, probes, strict=True))
+                      if now.shape == probe.before.shape and now.dtype == probe.before.dtype]
+        device = probes[0].before.device
+        changed = torch.ones(len(probes), dtype=torch.bool, device=device)
+        if comparable:
+            diffs = torch._foreach_sub([after[k] for k in comparable], [probes[k].before for k in comparable])
+            # NaN counts as changed: non-finite values are another detector's business.
+            moved = stack_on(torch._foreach_norm(diffs, math.inf), device) != 0
+            if len(comparable) == len(probes):
+                changed = moved
+            else:
+                changed[comparable] = moved
         if snap.grad_max:
             grad_max = stack_on(snap.grad_max, device)
             promised = (grad_max != 0) & torch.isfinite(grad_max)
         else:
             promised = torch.zeros(0, dtype=torch.bool, device=device)
         promised = torch.cat([promised, torch.zeros(len(snap.frozen), dtype=torch.bool, device=device)])
-        self._pending.add(torch.stack([changed, promised]), partial(self._resolve, snap))
+        self._pending.add(self, torch.stack([changed, promised]), partial(self._resolve, snap))
 
     def _probe(self, i: int, param: torch.Tensor, grad: torch.Tensor | None
                ) -> tuple[_Probe | None, torch.Tensor | None]:

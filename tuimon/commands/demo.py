@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
             watcher.start()
             status = run_dashboard(source, args.theme)
         finally:
-            _stop(child)
-        failed = child.returncode not in (0, None)
+            exited_by_itself = _stop(child)
+        failed = exited_by_itself and child.returncode != 0
         if failed:
             print(f"tuimon: the demo training exited with code {child.returncode}:", file=sys.stderr)
             print(log_path.read_text(errors="replace")[-2000:], file=sys.stderr, end="")
@@ -93,12 +93,17 @@ def _report_exit(child: subprocess.Popen[bytes], source: object, log_path: Path)
         source.store.set_notice("demo", f"the demo training exited with code {code}{detail}")
 
 
-def _stop(child: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the demo ends its run and flushes its recording), then kill if it hangs."""
-    if child.poll() is None:
-        child.terminate()
-        try:
-            child.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+def _stop(child: subprocess.Popen[bytes]) -> bool:
+    """SIGTERM (the demo ends its run and flushes its recording), then kill if it hangs.
+
+    Returns whether the child had already exited by itself (its exit code then tells how it went).
+    """
+    if child.poll() is not None:
+        return True
+    child.terminate()
+    try:
+        child.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    return False

@@ -188,10 +188,40 @@ class KnowledgeBase:
         ``run_start`` is the run's ``run_start`` message (the reproduction record).
         """
         found = capture.as_event(event)
+        captured = capture.capture(
+            [found], run_start=run_start, metrics=metrics, gpu_devices=gpu_devices, window=window
+        )
+        return self._open_event(found, captured, title=title, tags=tags, summary=summary)
+
+    def open_from_recording(
+        self,
+        recording: Path,
+        event_id: str,
+        *,
+        window: int = capture.DEFAULT_WINDOW,
+        title: str | None = None,
+        tags: Iterable[str] = (),
+        summary: str = "",
+        severity: str | None = None,
+    ) -> Incident:
+        """Open an incident from event ``event_id`` of a run's recording, with the same evidence."""
+        found, captured = capture.from_recording(recording, event_id, window=window)
+        return self._open_event(found, captured, title=title, tags=tags, summary=summary, severity=severity)
+
+    def _open_event(
+        self,
+        found: dict[str, Any],
+        captured: dict[str, dict[str, Any]],
+        *,
+        title: str | None,
+        tags: Iterable[str],
+        summary: str,
+        severity: str | None = None,
+    ) -> Incident:
         first, last = capture.event_steps([found])
         draft = IncidentDraft(
             title=title or capture.title_for([found]),
-            severity=capture.severity_for([found]),
+            severity=severity or capture.severity_for([found]),
             run=found.get("run"),
             host=found.get("host"),
             ranks=[found["rank"]] if isinstance(found.get("rank"), int) else [],
@@ -201,9 +231,7 @@ class KnowledgeBase:
             tags=tags,
             summary=summary,
             events=[found],
-            context=capture.capture(
-                [found], run_start=run_start, metrics=metrics, gpu_devices=gpu_devices, window=window
-            ),
+            context=captured,
         )
         return self.open_incident(draft)
 

@@ -3,9 +3,10 @@
 Several engineers on one node each run their own tuimon against one database file. WAL lets
 readers work while one writer writes; every write runs in ``BEGIN IMMEDIATE`` so the write lock
 is taken up front (a deferred transaction that reads then writes fails with "database is locked"
-when another writer got in between, and the busy timeout cannot help it). Should the lock stay
-taken past the busy timeout, the whole transaction is retried with backoff until a deadline: a
-note is never silently lost, and a failure is a clear error, not a traceback.
+when another writer got in between, and no busy timeout can help it). While another writer holds
+the lock, the transaction is retried with short jittered sleeps until a deadline: a note is never
+silently lost, and a failure is a clear error, not a traceback. The busy timeout covers the rest
+(reads during a checkpoint or a recovery).
 """
 
 from __future__ import annotations
@@ -59,12 +60,15 @@ def write(db: sqlite_utils.Database, body: Callable[[], T], *, deadline_s: float
     """Run ``body`` in a ``BEGIN IMMEDIATE`` transaction; retry it whole while the database is busy.
 
     ``body`` must only touch the database (it may run several times; only the last run commits).
+    Waiting for the write lock is done here rather than by SQLite's busy handler, which sleeps up
+    to 100 ms between attempts: with several writers that idles the lock most of the time (4
+    writers measured at a third of one writer's throughput). Short jittered sleeps keep it busy.
     """
     give_up = time.monotonic() + deadline_s
-    delay = 0.005
+    delay = 0.001
     while True:
         try:
-            db.conn.execute("BEGIN IMMEDIATE")
+            _begin_immediate(db.conn)
             try:
                 result = body()
                 db.conn.execute("COMMIT")
@@ -81,9 +85,18 @@ def write(db: sqlite_utils.Database, body: Callable[[], T], *, deadline_s: float
                     f"the knowledge base stayed locked by another writer for {deadline_s:.0f} s; "
                     "try again (is a process stuck holding it?)"
                 ) from None
-        # Jittered exponential backoff so that retrying writers do not collide in lockstep.
         time.sleep(delay * (0.5 + random.random()))
-        delay = min(delay * 2, 0.5)
+        delay = min(delay * 1.5, 0.025)
+
+
+def _begin_immediate(conn: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE`` that fails at once when another writer holds the lock (see :func:`write`)."""
+    timeout = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout)}")
 
 
 @contextlib.contextmanager

@@ -150,7 +150,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
     lists: dict[str, list[str]] = {name: [] for name in _LIST_SECTIONS}
     causes: list[Cause] = []
     cause_head: tuple[str, int] | None = None
-    cause_fields: dict[str, str] = {}
+    cause_fields: dict[str, tuple[str, int]] = {}
     cause_text: list[str] = []
     seen_sections: set[str] = set()
     source = text.split("\n")
@@ -161,19 +161,20 @@ def parse_runbook(text: str, path: Path) -> Runbook:
             return
         name, line = cause_head
         for field in ("Component", "Verify", "Mitigate"):
-            if not cause_fields.get(field):
+            if not cause_fields.get(field, ("", 0))[0]:
                 raise RunbookError(line, f"cause {name!r} has no **{field}:** item")
-        component = cause_fields["Component"].strip().lower()
-        if component not in COMPONENTS:
+        component, component_line = cause_fields["Component"]
+        if component.lower() not in COMPONENTS:
             raise RunbookError(
-                line, f"cause {name!r}: component {component!r} is not one of {', '.join(COMPONENTS)}"
+                component_line,
+                f"cause {name!r}: component {component!r} is not one of {', '.join(COMPONENTS)}",
             )
         causes.append(
             Cause(
                 name,
-                component,
-                cause_fields["Verify"],
-                cause_fields["Mitigate"],
+                component.lower(),
+                cause_fields["Verify"][0],
+                cause_fields["Mitigate"][0],
                 "\n\n".join(cause_text),
                 line,
             )
@@ -242,7 +243,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
                         raise RunbookError(
                             item_line, "cause items are **Component:**, **Verify:** or **Mitigate:**"
                         )
-                    cause_fields[match.group(1)] = match.group(2).strip()
+                    cause_fields[match.group(1)] = (match.group(2).strip(), item_line)
             else:
                 first, last = token.map or (0, 0)
                 cause_text.append("\n".join(source[first:last]).strip())

@@ -5,10 +5,13 @@ the schema only moves forward by named migrations, applied once under the write 
 that has migrations this tuimon does not know was written by a newer tuimon: refuse it rather
 than write rows it would misread.
 
-Search indexes are SQLite FTS5 tables kept in step by triggers (``enable_fts`` with
-``create_triggers=True``, porter stemming): incident fields in ``incidents_fts``, every timeline
-entry's text in ``entries_fts``. ``incident_labels`` is a derived index of kinds and tags (stored
-as JSON lists on the incident) so that filtering by kind or tag does not scan every incident.
+Search uses one FTS5 table, ``search_index`` (porter stemming), kept in step by triggers: one
+document per non-empty incident field and one per timeline entry. One table rather than one per
+content table (sqlite-utils ``enable_fts``) because bm25 scores are only comparable within one
+index: with two, a word's rarity is counted twice differently and a passing mention in a note
+could outrank the incident's title. ``incident_labels`` is a derived index of kinds and tags
+(stored as JSON lists on the incident) so that filtering by kind or tag does not scan every
+incident.
 """
 
 from __future__ import annotations
@@ -34,16 +37,53 @@ def _migration(fn: Callable[[sqlite_utils.Database], None]) -> Callable[[sqlite_
     return migrations()(fn)
 
 
-#: Columns indexed for full-text search, per table. ``kinds`` and ``tags`` are JSON lists; the
-#: tokenizer splits them into words, which is what a search wants.
-FTS_COLUMNS = {
-    "incidents": ("title", "summary", "trigger", "detection", "root_cause", "resolution", "kinds", "tags"),
-    "entries": ("text",),
-}
-FTS_TOKENIZE = "porter"
-#: bm25 column weights of ``incidents_fts`` (same order as FTS_COLUMNS["incidents"]): a word in a
-#: title or a tag says more about an incident than the same word in a long summary.
-INCIDENT_WEIGHTS = (10.0, 3.0, 2.0, 2.0, 5.0, 5.0, 6.0, 6.0)
+#: Incident fields indexed for search, in slot order (a field's document has rowid
+#: ``INCIDENT_DOCS + number * 16 + slot``; entries' documents have the entry's ``seq``).
+SEARCH_FIELDS = ("title", "summary", "trigger", "detection", "root_cause", "resolution", "kinds", "tags")
+#: First rowid of incident-field documents, above any entry's seq.
+INCIDENT_DOCS = 1 << 40
+_SLOTS = 16
+SEARCH_TOKENIZE = "porter"
+
+
+def _field_body(alias: str, field: str) -> str:
+    """SQL for a field's searchable text; kinds and tags (JSON lists) read as ``a, b``."""
+    column = f'{alias}."{field}"'
+    if field in ("kinds", "tags"):
+        return f"""replace(replace(replace({column}, '["', ''), '","', ', '), '"]', '')"""
+    return column
+
+
+def _index_incident_sql(alias: str, where: str = "") -> list[str]:
+    """Statements adding the field documents of incident ``alias`` (``new`` in a trigger)."""
+    statements = []
+    for slot, field in enumerate(SEARCH_FIELDS):
+        body = _field_body(alias, field)
+        source = f" FROM incidents AS {alias}" if alias != "new" else ""
+        condition = f"{body} NOT IN ('', '[]')" + (f" AND {where}" if where else "")
+        statements.append(
+            f"INSERT INTO search_index (rowid, incident, source, body) SELECT "
+            f"{INCIDENT_DOCS} + {alias}.number * {_SLOTS} + {slot}, {alias}.number, '{field}', {body}"
+            f"{source} WHERE {condition};"
+        )
+    return statements
+
+
+_SEARCH_TRIGGERS = f"""
+CREATE TRIGGER search_entries_ai AFTER INSERT ON entries WHEN new.text != '' BEGIN
+  INSERT INTO search_index (rowid, incident, source, body) VALUES (new.seq, new.incident, new.type, new.text);
+END;
+CREATE TRIGGER search_incidents_ai AFTER INSERT ON incidents BEGIN
+  {" ".join(_index_incident_sql("new"))}
+END;
+CREATE TRIGGER search_incidents_au AFTER UPDATE OF {", ".join(f'"{f}"' for f in SEARCH_FIELDS)}
+ON incidents BEGIN
+  DELETE FROM search_index WHERE rowid BETWEEN {INCIDENT_DOCS} + old.number * {_SLOTS}
+    AND {INCIDENT_DOCS} + old.number * {_SLOTS} + {_SLOTS - 1};
+  {" ".join(_index_incident_sql("new"))}
+END;
+"""
+_SEARCH_TRIGGER_NAMES = ("search_entries_ai", "search_incidents_ai", "search_incidents_au")
 
 _LABEL_TRIGGERS = """
 CREATE TRIGGER incident_labels_ai AFTER INSERT ON incidents BEGIN
@@ -129,34 +169,34 @@ def m001_initial(db: sqlite_utils.Database) -> None:
         CREATE INDEX incident_labels_by_incident ON incident_labels (incident);
         """
     )
-    db.executescript(_LABEL_TRIGGERS)
-    build_search_index(db)
+    db.execute(
+        f"CREATE VIRTUAL TABLE search_index USING fts5 (incident UNINDEXED, source UNINDEXED, body, "
+        f"tokenize = '{SEARCH_TOKENIZE}')"
+    )
+    db.executescript(_LABEL_TRIGGERS + _SEARCH_TRIGGERS)
 
 
-def build_search_index(db: sqlite_utils.Database) -> None:
-    """(Re)create the FTS5 tables from the content tables, with their sync triggers."""
-    for table, columns in FTS_COLUMNS.items():
-        db[table].enable_fts(columns, create_triggers=True, tokenize=FTS_TOKENIZE, replace=True)
-    weights = ", ".join(str(weight) for weight in INCIDENT_WEIGHTS)
-    # A persistent rank function, so that "ORDER BY rank" uses the weights (and FTS5 can sort).
-    db.execute("INSERT INTO incidents_fts (incidents_fts, rank) VALUES ('rank', ?)", [f"bm25({weights})"])
-
-
-def drop_search_index(db: sqlite_utils.Database) -> None:
-    for table in FTS_COLUMNS:
-        db[table].disable_fts()
+def _fill_search_index(db: sqlite_utils.Database) -> None:
+    """Index every incident field and entry (used after a bulk load, with the triggers off)."""
+    db.execute("DELETE FROM search_index")
+    for statement in _index_incident_sql("i"):
+        db.execute(statement.rstrip(";"))
+    db.execute(
+        "INSERT INTO search_index (rowid, incident, source, body) "
+        "SELECT seq, incident, type, text FROM entries WHERE text != ''"
+    )
+    db.execute("INSERT INTO search_index (search_index) VALUES ('optimize')")
 
 
 @contextlib.contextmanager
 def indexes_suspended(db: sqlite_utils.Database) -> Iterator[None]:
-    """Bulk loading: drop the FTS and label triggers, then rebuild both indexes in one pass.
+    """Bulk loading: drop the search and label triggers, then rebuild both indexes in one pass.
 
     Per-row trigger maintenance makes loading a million rows many times slower than indexing them
     once at the end. Run inside one write transaction; nobody else should be writing meanwhile.
     """
-    drop_search_index(db)
-    db.execute("DROP TRIGGER IF EXISTS incident_labels_ai")
-    db.execute("DROP TRIGGER IF EXISTS incident_labels_au")
+    for name in (*_SEARCH_TRIGGER_NAMES, "incident_labels_ai", "incident_labels_au"):
+        db.execute(f"DROP TRIGGER IF EXISTS {name}")
     yield
     db.execute("DELETE FROM incident_labels")
     db.execute(
@@ -164,8 +204,8 @@ def indexes_suspended(db: sqlite_utils.Database) -> Iterator[None]:
            SELECT 'kind', j.value, i.number FROM incidents i, json_each(i.kinds) j
            UNION SELECT 'tag', j.value, i.number FROM incidents i, json_each(i.tags) j"""
     )
-    db.executescript(_LABEL_TRIGGERS)
-    build_search_index(db)
+    _fill_search_index(db)
+    db.executescript(_LABEL_TRIGGERS + _SEARCH_TRIGGERS)
 
 
 def schema_version(db: sqlite_utils.Database) -> int:

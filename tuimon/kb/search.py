@@ -23,7 +23,7 @@ from tuimon.errors import UserError
 from tuimon.kb import incidents
 from tuimon.kb.incidents import NO_FILTER, IncidentFilter
 from tuimon.kb.model import Incident
-from tuimon.kb.schema import FTS_COLUMNS
+from tuimon.kb.schema import INCIDENT_DOCS
 
 #: Markers put around highlighted words by FTS5 (private-use characters: never in real text).
 HIGHLIGHT_OPEN = "\ue000"
@@ -32,6 +32,24 @@ HIGHLIGHT_CLOSE = "\ue001"
 SNIPPET_TOKENS = 14
 #: Matching documents fetched per result wanted, before grouping them by incident.
 HITS_PER_RESULT = 8
+#: Matching documents ranked at most (the newest ones; see :func:`_floor`).
+RANK_CANDIDATES = 5_000
+#: bm25 is multiplied by these: a word in the title says more about an incident than a note does.
+SOURCE_BOOSTS = {
+    "title": 3.0,
+    "kinds": 2.0,
+    "tags": 2.0,
+    "root_cause": 2.0,
+    "resolution": 2.0,
+    "summary": 1.5,
+    "trigger": 1.2,
+    "detection": 1.2,
+    "tried": 1.2,
+    "result": 1.0,
+    "note": 1.0,
+    "event": 0.8,
+    "status_change": 0.5,
+}
 #: Weights of an incident's best, second and third matching documents in its score.
 MATCH_WEIGHTS = (1.0, 0.5, 0.25)
 
@@ -90,12 +108,16 @@ def _split(marked: str) -> Snippet:
 
 @dataclass
 class _Hit:
+    """One matching document: an incident field or a timeline entry (``seq`` set)."""
+
     score: float
     number: int
-    seq: int | None = None
-    entry_type: str | None = None
-    outcome: str | None = None
-    entry_id: str | None = None
+    source: str
+    rowid: int
+
+    @property
+    def seq(self) -> int | None:
+        return self.rowid if self.rowid < INCIDENT_DOCS else None
 
 
 def search(
@@ -103,9 +125,8 @@ def search(
 ) -> list[SearchHit]:
     """Incidents matching ``text``, best first, each with a highlighted snippet of its best match."""
     query = fts_query(db, text)
-    fetch = max(limit, 1) * HITS_PER_RESULT
     try:
-        hits = _incident_hits(db, query, where, fetch) + _entry_hits(db, query, where, fetch)
+        hits = _hits(db, query, where, max(limit, 1) * HITS_PER_RESULT)
     except sqlite3.OperationalError as exc:
         if "fts5" in str(exc):
             raise UserError(
@@ -113,94 +134,94 @@ def search(
             ) from None
         raise
     by_incident: dict[int, list[_Hit]] = defaultdict(list)
-    for hit in hits:
+    for hit in hits:  # best first
         by_incident[hit.number].append(hit)
-    ranked = []
-    for number, found in by_incident.items():
-        found.sort(key=lambda hit: hit.score)
-        score = -sum(weight * hit.score for weight, hit in zip(MATCH_WEIGHTS, found, strict=False))
-        ranked.append((score, number, found[0]))
-    ranked.sort(key=lambda item: (-item[0], -item[1]))
-    ranked = ranked[:limit]
+    ranked = sorted(
+        (
+            (
+                -sum(weight * hit.score for weight, hit in zip(MATCH_WEIGHTS, found, strict=False)),
+                number,
+                found[0],
+            )
+            for number, found in by_incident.items()
+        ),
+        key=lambda item: (-item[0], -item[1]),
+    )[:limit]
     shown = incidents.get_many(db, [number for _, number, _ in ranked])
-    field_snippets = _incident_snippets(db, query, [n for _, n, best in ranked if best.seq is None])
-    entry_snippets = _entry_snippets(db, query, [best.seq for _, _, best in ranked if best.seq is not None])
+    best = [hit for _, _, hit in ranked]
+    snippets = _snippets(db, query, [hit.rowid for hit in best])
+    entries = _entries(db, [hit.seq for hit in best if hit.seq is not None])
     results = []
-    for score, number, best in ranked:
-        if best.seq is None:
-            matched, snippet = field_snippets.get(number, ("title", Snippet(())))
-        else:
-            matched, snippet = best.entry_type or "note", entry_snippets.get(best.seq, Snippet(()))
-        results.append(SearchHit(shown[number], score, matched, snippet, best.entry_id, best.outcome))
+    for score, number, hit in ranked:
+        entry_id, outcome = entries.get(hit.seq, (None, None)) if hit.seq is not None else (None, None)
+        results.append(
+            SearchHit(
+                shown[number], score, hit.source, snippets.get(hit.rowid, Snippet(())), entry_id, outcome
+            )
+        )
     return results
 
 
-def _incident_hits(db: sqlite_utils.Database, query: str, where: IncidentFilter, fetch: int) -> list[_Hit]:
-    if where.active:
-        clause, params = where.sql("i")
-        sql = (
-            "SELECT f.rowid, f.rank FROM incidents_fts f JOIN incidents i ON i.number = f.rowid "
-            f"WHERE incidents_fts MATCH ? AND {clause} ORDER BY f.rank LIMIT ?"
-        )
-        args = [query, *params, fetch]
-    else:
-        sql = "SELECT rowid, rank FROM incidents_fts WHERE incidents_fts MATCH ? ORDER BY rank LIMIT ?"
-        args = [query, fetch]
-    return [_Hit(score, number) for number, score in db.execute(sql, args)]
+def _floor(db: sqlite_utils.Database, query: str) -> int | None:
+    """The rowid below which matches are not ranked, or None when there are few enough to rank all.
+
+    bm25 costs microseconds per matching document (it reads each one's length), so a word found in
+    a hundred thousand notes would take most of a second to rank. Walking the matches in rowid
+    order costs almost nothing, so for such words only the newest :data:`RANK_CANDIDATES` matches
+    are ranked (incident fields first, then the newest entries): when a word is everywhere, recent
+    incidents are the likelier answer.
+    """
+    row = db.execute(
+        "SELECT rowid FROM search_index WHERE search_index MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        [query, RANK_CANDIDATES - 1],
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
-def _entry_hits(db: sqlite_utils.Database, query: str, where: IncidentFilter, fetch: int) -> list[_Hit]:
-    if where.active:
-        clause, params = where.sql("i")
-        sql = (
-            "SELECT e.incident, f.rank, e.seq, e.type, e.outcome, e.id FROM entries_fts f "
-            "JOIN entries e ON e.seq = f.rowid JOIN incidents i ON i.number = e.incident "
-            f"WHERE entries_fts MATCH ? AND {clause} ORDER BY f.rank LIMIT ?"
-        )
-        args = [query, *params, fetch]
-    else:
-        sql = (
-            "SELECT e.incident, h.rank, e.seq, e.type, e.outcome, e.id FROM "
-            "(SELECT rowid, rank FROM entries_fts WHERE entries_fts MATCH ? ORDER BY rank LIMIT ?) h "
-            "JOIN entries e ON e.seq = h.rowid"
-        )
-        args = [query, fetch]
-    return [
-        _Hit(score, number, seq, kind, outcome, entry_id)
-        for number, score, seq, kind, outcome, entry_id in db.execute(sql, args)
-    ]
+_BOOST_SQL = (
+    "CASE source "
+    + " ".join(f"WHEN '{name}' THEN {boost}" for name, boost in SOURCE_BOOSTS.items())
+    + " ELSE 1.0 END"
+)
 
 
-def _incident_snippets(
-    db: sqlite_utils.Database, query: str, numbers: list[int]
-) -> dict[int, tuple[str, Snippet]]:
-    """Per incident, the first field (in index order) holding a match, and its snippet."""
-    if not numbers:
+def _hits(db: sqlite_utils.Database, query: str, where: IncidentFilter, fetch: int) -> list[_Hit]:
+    """The best ``fetch`` matching documents, best first."""
+    floor = _floor(db, query)
+    clause, params = where.sql("i")
+    narrowing = f" AND incident IN (SELECT i.number FROM incidents i WHERE {clause})" if where.active else ""
+    while True:
+        bound = "" if floor is None else " AND rowid >= ?"
+        rows = db.execute(
+            f"SELECT bm25(search_index) * {_BOOST_SQL} AS score, incident, source, rowid FROM search_index "
+            f"WHERE search_index MATCH ?{bound}{narrowing} ORDER BY score LIMIT ?",
+            [query, *([] if floor is None else [floor]), *(params if where.active else []), fetch],
+        ).fetchall()
+        if floor is None or len(rows) >= fetch or not where.active:
+            return [_Hit(*row) for row in rows]
+        floor = None  # a narrow filter left too few of the newest matches: rank them all
+
+
+def _snippets(db: sqlite_utils.Database, query: str, rowids: list[int]) -> dict[int, Snippet]:
+    if not rowids:
         return {}
-    columns = FTS_COLUMNS["incidents"]
-    snippets = ", ".join(
-        f"snippet(incidents_fts, {i}, '{HIGHLIGHT_OPEN}', '{HIGHLIGHT_CLOSE}', '…', {SNIPPET_TOKENS})"
-        for i in range(len(columns))
+    marks = ", ".join("?" * len(rowids))
+    rows = db.execute(
+        f"SELECT rowid, snippet(search_index, 2, '{HIGHLIGHT_OPEN}', '{HIGHLIGHT_CLOSE}', '…', "
+        f"{SNIPPET_TOKENS}) FROM search_index WHERE search_index MATCH ? AND rowid IN ({marks})",
+        [query, *rowids],
     )
-    sql = (
-        f"SELECT rowid, {snippets} FROM incidents_fts WHERE incidents_fts MATCH ? "
-        f"AND rowid IN ({', '.join('?' * len(numbers))})"
-    )
-    found: dict[int, tuple[str, Snippet]] = {}
-    for row in db.execute(sql, [query, *numbers]):
-        for column, marked in zip(columns, row[1:], strict=True):
-            if marked and HIGHLIGHT_OPEN in marked:
-                found[row[0]] = (column, _split(marked))
-                break
-    return found
+    return {rowid: _split(marked) for rowid, marked in rows}
 
 
-def _entry_snippets(db: sqlite_utils.Database, query: str, seqs: list[int]) -> dict[int, Snippet]:
+def _entries(db: sqlite_utils.Database, seqs: list[int]) -> dict[int, tuple[str, str | None]]:
+    """Entry id and outcome of the entries shown, by seq."""
     if not seqs:
         return {}
     marks = ", ".join("?" * len(seqs))
-    sql = (
-        f"SELECT rowid, snippet(entries_fts, 0, '{HIGHLIGHT_OPEN}', '{HIGHLIGHT_CLOSE}', '…', "
-        f"{SNIPPET_TOKENS}) FROM entries_fts WHERE entries_fts MATCH ? AND rowid IN ({marks})"
-    )
-    return {seq: _split(marked) for seq, marked in db.execute(sql, [query, *seqs])}
+    return {
+        seq: (uid, outcome)
+        for seq, uid, outcome in db.execute(
+            f"SELECT seq, id, outcome FROM entries WHERE seq IN ({marks})", seqs
+        )
+    }

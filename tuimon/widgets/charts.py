@@ -8,7 +8,9 @@ one-step loss spike survives the reduction and a 100k-point series plots as fast
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Tab, Tabs
@@ -27,24 +29,32 @@ def order_metrics(names: list[str]) -> list[str]:
     return preferred + [name for name in names if name not in preferred]
 
 
-def envelope(steps: list[int], values: list[float], columns: int) -> tuple[list[int], list[float]]:
+def envelope(steps: Sequence[int], values: Sequence[float], columns: int) -> tuple[list[int], list[float]]:
     """At most ``2 * columns`` points keeping each column's minimum and maximum (NaN/Inf dropped:
-    they are shown as event markers, not as points)."""
-    points = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
-    if len(points) <= 2 * columns:
-        return [s for s, _ in points], [v for _, v in points]
-    per_column = len(points) / columns
+    they are shown as event markers, not as points).
+
+    Buckets are slices and min/max run in C over them, so 200k points cost a few milliseconds;
+    only a bucket holding a non-finite value is filtered point by point.
+    """
+    count = len(values)
+    if count <= 2 * columns:
+        kept = [i for i in range(count) if math.isfinite(values[i])]
+        return [steps[i] for i in kept], [values[i] for i in kept]
+    per_column = count / columns
     out_steps: list[int] = []
     out_values: list[float] = []
     for column in range(columns):
-        bucket = points[int(column * per_column) : int((column + 1) * per_column)]
-        if not bucket:
-            continue
-        low = min(bucket, key=lambda p: p[1])
-        high = max(bucket, key=lambda p: p[1])
-        for step, value in sorted({low, high}):
-            out_steps.append(step)
-            out_values.append(value)
+        start, stop = int(column * per_column), int((column + 1) * per_column)
+        bucket = values[start:stop]
+        low, high = min(bucket), max(bucket)
+        if not (math.isfinite(low) and math.isfinite(high)):
+            finite = [v for v in bucket if math.isfinite(v)]
+            if not finite:
+                continue
+            low, high = min(finite), max(finite)
+        for index in sorted({start + bucket.index(low), start + bucket.index(high)}):
+            out_steps.append(steps[index])
+            out_values.append(values[index])
     return out_steps, out_values
 
 
@@ -74,9 +84,11 @@ class MetricChart(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._names: list[str] = []
+        self._tab_ids: dict[str, str] = {}  # tab id -> metric name
+        self._tab_serial = 0  # tab ids are never reused: removal of old tabs finishes later
         self._drawn: tuple[object, ...] | None = None
 
-    def compose(self):
+    def compose(self) -> ComposeResult:
         tabs = Tabs()
         tabs.can_focus = False  # keys l/g/s/c switch metrics; focus stays on the event log
         yield tabs
@@ -95,32 +107,36 @@ class MetricChart(Vertical):
         if ordered == self._names:
             return
         tabs = self.query_one(Tabs)
-        active = self.metric
         tabs.clear()
-        for index, name in enumerate(ordered):
-            tabs.add_tab(Tab(name, id=f"metric-{index}"))
+        self._tab_serial += 1
+        self._tab_ids = {f"metric-{self._tab_serial}-{i}": name for i, name in enumerate(ordered)}
+        for tab_id, name in self._tab_ids.items():
+            tabs.add_tab(Tab(name, id=tab_id))
         self._names = ordered
-        if active in ordered:
-            tabs.active = f"metric-{ordered.index(active)}"
+        self._activate_tab()
+
+    def _activate_tab(self) -> None:
+        for tab_id, name in self._tab_ids.items():
+            if name == self.metric:
+                self.query_one(Tabs).active = tab_id
 
     def reset(self) -> None:
-        self._names = []
+        self.set_names([])
         self._drawn = None
-        self.query_one(Tabs).clear()
 
     def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
         event.stop()
-        if event.tab is not None and event.tab.id:
-            index = int(event.tab.id.removeprefix("metric-"))
-            if index < len(self._names):
-                self.metric = self._names[index]
+        name = self._tab_ids.get(event.tab.id or "") if event.tab is not None else None
+        if name is not None:
+            self.metric = name
 
-    def watch_metric(self, metric: str) -> None:
-        if metric in self._names:
-            self.query_one(Tabs).active = f"metric-{self._names.index(metric)}"
+    def watch_metric(self) -> None:
+        self._activate_tab()
         self._drawn = None
 
-    def show(self, steps: list[int], values: list[float], events: list[EventRecord], version: object) -> None:
+    def show(
+        self, steps: Sequence[int], values: Sequence[float], events: list[EventRecord], version: object
+    ) -> None:
         """Redraw if anything drawn changed (``version`` identifies the data shown)."""
         key = (self.metric, version, self.size)
         if key == self._drawn:

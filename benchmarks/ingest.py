@@ -1,0 +1,247 @@
+"""How much live traffic the viewer absorbs, and whether its screen keeps up while it does.
+
+    python benchmarks/ingest.py [--rates 10000,50000,100000] [--seconds 5]
+
+A publisher in its own process sends pre-encoded, valid ``metrics`` messages (one per step) at a
+fixed target rate on a real PUB socket, with a heartbeat every second carrying its drop count. The
+viewer is the real thing in this process: ``LiveSource`` (receiver thread) + ``Store`` + the
+Textual dashboard running headless (``App.run_test``) at 160x48. For each rate the table gives:
+
+- absorbed: messages the viewer received per second of sending, and as a share of those sent;
+- pub drops / lost: not sent because the PUB's high-water mark was reached (from the heartbeat) /
+  sent but never received (gaps in ``seq``: the viewer's receive queue overflowed);
+- key ms: wall time of a key press that redraws the chart (``c``), median and p95, and its ratio to
+  the same press measured idle in the same run (the baseline);
+- timer late ms: p95 lateness of a 100 ms UI timer (how jerky the screen gets);
+- screen delay s: age of the step shown in the header (now minus the time that step was
+  published), sampled every 100 ms: median, p95 and max.
+
+Targets: 50,000 msg/s absorbed; screen at most 0.5 s behind. Numbers on a shared machine are
+provisional: the publisher and the viewer compete with everything else for the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from textual import events
+
+from tuimon.app import TuimonApp
+from tuimon.receiver import LiveSource
+
+RUN = "bench"
+#: The publisher: binds, prints its endpoint, waits for "go", then sends at the target rate for the
+#: given seconds, a heartbeat every second, and prints "sent dropped" at the end.
+PUBLISHER = r"""
+import sys, time, zmq
+from publisher.protocol import decode, encode, make_message
+rate, seconds = float(sys.argv[1]), float(sys.argv[2])
+context = zmq.Context()
+pub = context.socket(zmq.PUB)
+pub.sndhwm = 100_000
+pub.bind("tcp://127.0.0.1:*")
+print(pub.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+sys.stdin.readline()
+template = (b'{"v":1,"type":"metrics","run":"bench","rank":0,"host":"bench","ts":%.6f,"seq":%d,'
+            b'"step":%d,"metrics":{"loss":%.5f,"sent_at":%.6f}}')
+decode(template % (1.0, 0, 0, 1.0, 1.0))  # the frames are valid protocol
+seq = sent = dropped = 0
+def send(frame):
+    global seq, sent, dropped
+    try:
+        pub.send(frame, zmq.NOBLOCK)
+        sent += 1
+    except zmq.Again:
+        dropped += 1
+    seq += 1
+def heartbeat(step):
+    stats = {"sent": sent, "dropped": dropped, "queued": 0, "recorded": 0}
+    send(encode(make_message("heartbeat", run="bench", rank=0, host="bench", ts=time.time(), seq=seq,
+                             step=step, snapshot="tcp://127.0.0.1:9", stats=stats)))
+send(encode(make_message("run_start", run="bench", rank=0, host="bench", ts=time.time(), seq=0,
+                         config={}, world_size=1, gpu_source="none")))
+start = time.perf_counter()
+step = 0
+next_beat = start + 1.0
+while True:
+    now = time.perf_counter()
+    if now - start >= seconds:
+        break
+    due = int((now - start) * rate)
+    while step < due:
+        ts = time.time()
+        send(template % (ts, seq, step, 1.0 / (1 + step), ts))
+        step += 1
+    if now >= next_beat:
+        heartbeat(step - 1)
+        next_beat += 1.0
+    time.sleep(0.0005)
+heartbeat(step - 1)
+time.sleep(0.5)
+print(sent, dropped, step, flush=True)
+"""
+
+
+@dataclass
+class Result:
+    rate: int
+    sent: int
+    steps: int
+    pub_dropped: int
+    received: int
+    lost: int
+    seconds: float
+    key_ms: list[float]
+    idle_key_ms: list[float]
+    timer_late_ms: list[float]
+    delays_s: list[float]
+
+
+def shown_step(app: TuimonApp) -> int | None:
+    header = str(app.query_one("#header").visual)
+    value = header.split("step ")[1].split()[0].replace(",", "") if "step " in header else ""
+    return int(value) if value.isdigit() else None
+
+
+def published_at(app: TuimonApp, step: int) -> float | None:
+    """When ``step`` was published (the publisher puts it in the message as ``sent_at``)."""
+    steps, values = app.store.metric_window(RUN, step, before=0, after=0, names=["sent_at"]).get(
+        "sent_at", ([], [])
+    )
+    return values[0] if steps else None
+
+
+class ProbeApp(TuimonApp):
+    """The dashboard, noting when the chart key's action has run (chart redrawn)."""
+
+    handled = 0.0
+
+    def action_next_chart(self) -> None:
+        super().action_next_chart()
+        self.handled = time.perf_counter()
+
+
+async def key_press_ms(app: ProbeApp, pilot: object) -> float:
+    """From the key event entering the app's queue to its action done (the chart redrawn)."""
+    before = app.handled
+    started = time.perf_counter()
+    app.post_message(events.Key("c", "c"))
+    while app.handled == before:
+        await asyncio.sleep(0.001)
+        if time.perf_counter() - started > 10:
+            return float("nan")
+    return (app.handled - started) * 1000
+
+
+async def measure(rate: int, seconds: float) -> Result:
+    publisher = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, str(rate), str(seconds)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    endpoint = publisher.stdout.readline().strip()
+    source = LiveSource([endpoint])
+    app = ProbeApp(source)
+    key_ms: list[float] = []
+    late_ms: list[float] = []
+    delays: list[float] = []
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(0.5)  # the SUB connects before the first message is sent
+        last_tick = [time.perf_counter()]
+
+        def tick() -> None:
+            now = time.perf_counter()
+            late_ms.append(max(0.0, (now - last_tick[0] - 0.1) * 1000))
+            last_tick[0] = now
+
+        publisher.stdin.write("go\n")
+        publisher.stdin.flush()
+        began = time.perf_counter()
+        await pilot.pause(0.3)
+        timer = app.set_interval(0.1, tick)
+        while time.perf_counter() - began < seconds:
+            await pilot.pause(0.1)
+            step = shown_step(app)
+            sent_at = published_at(app, step) if step is not None else None
+            if sent_at is not None:
+                delays.append(time.time() - sent_at)
+            if len(delays) % 5 == 0:
+                key_ms.append(await key_press_ms(app, pilot))
+        timer.stop()
+        sent, pub_dropped, steps = map(int, publisher.stdout.readline().split())
+        publisher.wait(10)
+        deadline = time.perf_counter() + 10
+        store = app.store
+        while store.counters().received < sent and time.perf_counter() < deadline:
+            await pilot.pause(0.1)
+        received = store.counters().received
+        lost = store.counters().gaps
+        # The baseline, same run: the same key press with the same data on screen, no traffic.
+        idle_ms = [await key_press_ms(app, pilot) for _ in range(10)]
+    return Result(rate, sent, steps, pub_dropped, received, lost, seconds, key_ms, idle_ms, late_ms, delays)
+
+
+def p95(values: list[float]) -> float:
+    return (
+        statistics.quantiles(values, n=20)[-1]
+        if len(values) >= 2
+        else (values[0] if values else float("nan"))
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rates", default="10000,50000,100000", help="target msg/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds of sending per rate")
+    args = parser.parse_args(argv)
+    rates = [int(rate) for rate in args.rates.split(",")]
+    print(
+        f"{os.cpu_count()} CPUs (shared: numbers are provisional); x idle = key press under load / the "
+        "same press right after, traffic stopped, same data on screen"
+    )
+    header = (
+        f"{'target/s':>9} {'sent':>8} {'absorbed/s':>10} {'share':>6} {'pub drops':>9} {'lost':>7} "
+        f"{'key ms p50/p95':>15} {'x idle':>6} {'timer late p95':>14} {'delay s p50/p95/max':>20}"
+    )
+    print(header)
+    print("-" * len(header))
+    verdicts = []
+    for rate in rates:
+        result = asyncio.run(measure(rate, args.seconds))
+        absorbed = result.received / result.seconds
+        key = statistics.median(result.key_ms) if result.key_ms else float("nan")
+        base = statistics.median(result.idle_key_ms)
+        delay = (
+            (statistics.median(result.delays_s), p95(result.delays_s), max(result.delays_s))
+            if result.delays_s
+            else (float("nan"),) * 3
+        )
+        print(
+            f"{rate:>9,} {result.sent:>8,} {absorbed:>10,.0f} {result.received / max(result.sent, 1):>6.1%} "
+            f"{result.pub_dropped:>9,} {result.lost:>7,} {key:>7.1f}/{p95(result.key_ms):<7.1f} "
+            f"{key / base:>6.2f} {p95(result.timer_late_ms):>11.1f} ms "
+            f"{delay[0]:>6.2f}/{delay[1]:.2f}/{delay[2]:.2f}"
+        )
+        if rate == 50_000:
+            verdicts.append(
+                f"50k msg/s: absorbed {absorbed:,.0f}/s (target 50,000), screen p95 delay "
+                f"{delay[1]:.2f} s (target <= 0.5)"
+            )
+    for verdict in verdicts:
+        print(verdict)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Step time with and without the invariant checker, at a ~1 ms and a >= 20 ms CPU training step.
+
+Blocks of steps with and without the checker alternate (the same model and optimizer), so load
+from other processes hits both alike; the ratio of medians is printed per model size. The checker
+is attached before a warm-up, so the numbers are its steady state (sampled checks every
+``check_every`` steps), not its first, denser steps.
+
+    /work/main/.venv/bin/python benchmarks/invariants_overhead.py [--trials 15] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from publisher.invariants import InvariantChecker
+
+SIZES = {
+    # name: (layer widths, batch size)
+    "small (~1 ms step)": ((128, 384, 384, 10), 64),
+    "large (>=20 ms step)": ((512, 2048, 2048, 2048, 10), 256),
+}
+
+
+def build(widths: tuple[int, ...]) -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(len(widths) - 1):
+        layers.append(nn.Linear(widths[i], widths[i + 1]))
+        if i < len(widths) - 2:
+            layers += [nn.ReLU(), nn.Dropout(0.1)]
+    return nn.Sequential(*layers)
+
+
+def run_block(model: nn.Module, optimizer: torch.optim.Optimizer, data: list, steps: int) -> float:
+    """Seconds per step over ``steps`` textbook training steps."""
+    loss_fn = nn.CrossEntropyLoss()
+    start = time.perf_counter()
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / steps
+
+
+def measure(widths: tuple[int, ...], batch: int, trials: int, steps: int) -> tuple[float, float, float]:
+    model = build(widths)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(batch, widths[0], generator=g), torch.randint(0, widths[-1], (batch,), generator=g))
+            for _ in range(8)]
+    events: list = []
+    run_block(model, optimizer, data, 20)  # warm-up: allocator, kernels
+    off, on = [], []
+    for _ in range(trials):
+        off.append(run_block(model, optimizer, data, steps))
+        checker = InvariantChecker([optimizer], model, emit_event=lambda *a: events.append(a),
+                                   emit_status=lambda *a: events.append(a))
+        run_block(model, optimizer, data, 10)  # past the dense first steps
+        on.append(run_block(model, optimizer, data, steps))
+        checker.close()
+    base, watched = statistics.median(off), statistics.median(on)
+    return base, watched, watched / base
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=15, help="alternating blocks per variant")
+    parser.add_argument("--steps", type=int, default=0, help="steps per block (default: ~0.5 s worth)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.trials} alternating trials")
+    for name, (widths, batch) in SIZES.items():
+        steps = args.steps
+        if not steps:
+            probe = build(widths)
+            one = run_block(probe, torch.optim.AdamW(probe.parameters()),
+                            [(torch.randn(batch, widths[0]), torch.randint(0, widths[-1], (batch,)))], 5)
+            steps = max(10, int(0.5 / one))
+        base, watched, ratio = measure(widths, batch, args.trials, steps)
+        print(f"{name:<22} {steps:>4} steps/block  without {base * 1e3:8.3f} ms  with {watched * 1e3:8.3f} ms"
+              f"  ratio {ratio:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""``InvariantChecker``: installs the hooks and feeds the checks (the Monitor constructs it).
+
+Hooks it installs, all removed by :meth:`InvariantChecker.close`:
+
+* ``register_step_pre_hook`` / ``register_step_post_hook`` on each optimizer instance: the clock
+  (each optimizer counts its own steps) and the before/after comparisons. They run whether or not
+  the user calls ``Monitor.step()``.
+* ``Tensor.register_hook`` on one small sentinel parameter per optimizer (gradient clearing).
+* A forward pre-hook on each root module, only during sampled steps (train/eval mode); with no
+  model, a global module forward pre-hook during a few sampled steps to discover the roots.
+
+Steps: the checker counts optimizer steps itself, 0-based. An event's ``step`` is the index of the
+optimizer step it was observed at; with several optimizers, the largest index so far (a GAN's D
+and G steps of one iteration share a number).
+
+Every check runs inside a guard: one that raises is switched off and its invariants turn
+``unchecked`` with the error, so a bug here never stops a training run.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from publisher.invariants.config import INVARIANT_NAMES, InvariantConfig
+from publisher.invariants.core import (
+    Check,
+    ParamNamer,
+    PendingResults,
+    StatusBoard,
+    WatchedOptimizer,
+    unwrap,
+)
+from publisher.invariants.discovery import RootDiscovery
+from publisher.invariants.grad_arrival import ArrivalCheck
+from publisher.invariants.grad_clearing import ClearingCheck
+from publisher.invariants.learning_rate import ZeroLrCheck
+from publisher.invariants.ownership import OwnershipCheck
+from publisher.invariants.replicas import ReplicaCheck
+from publisher.invariants.step_effect import StepEffectCheck
+from publisher.invariants.train_mode import TrainModeCheck
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Watch:
+    """One optimizer, its per-optimizer checks and the hook handles to remove at close."""
+
+    watched: WatchedOptimizer
+    effect: StepEffectCheck | None
+    zero_lr: ZeroLrCheck | None
+    arrival: ArrivalCheck | None
+    clearing: ClearingCheck | None
+    handles: list = field(default_factory=list)
+    #: Frame of the ``step()`` call being watched; see :func:`_nested`.
+    outer_call: object | None = None
+
+    def checks(self) -> list[Check]:
+        return [c for c in (self.effect, self.zero_lr, self.arrival, self.clearing) if c is not None]
+
+
+class InvariantChecker:
+    """Checks the training invariants of one training process online, from hooks.
+
+    ``emit_event(kind, severity, message, step, details)`` is called once per episode of a
+    violation; ``emit_status(name, status, step, message, details)`` once at start per invariant
+    (``unchecked``) and then whenever an invariant's status changes.
+    """
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], model: nn.Module | None, *,
+                 emit_event: Callable[..., None], emit_status: Callable[..., None],
+                 config: InvariantConfig | None = None, rank: int = 0, process_group=None) -> None:
+        self.config = config or InvariantConfig()
+        self.rank = rank
+        self._board = StatusBoard(emit_status, emit_event)
+        self._pending = PendingResults(self._fail)
+        self._namer = ParamNamer()
+        self._watches: dict[int, _Watch] = {}
+        self._roots: list[tuple[str, nn.Module]] = []
+        self._steps_done = 0
+        self._closed = False
+        on = self._enabled
+        self._train_mode = TrainModeCheck(self._board, self.config) if on("model_in_train_mode") else None
+        self._ownership = (OwnershipCheck(self._board, self.config, self._namer)
+                           if on("optimizer_owns_trainables") else None)
+        self._replicas = (ReplicaCheck(self._board, self.config, process_group, self._replica_params)
+                          if on("replicas_consistent") else None)
+        self._discovery = (RootDiscovery(self.config, self._owned_ids, partial(self._adopt, discovered=True))
+                           if model is None and (self._train_mode or self._ownership) else None)
+        if model is not None:
+            self._adopt(model)
+        self._announce(model)
+        for optimizer in optimizers:
+            self.add_optimizer(optimizer)
+
+    # ----------------------------------------------------------------- public API
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Watch one more optimizer (a GAN's second one, or one the launcher found at run time)."""
+        if self._closed or id(optimizer) in self._watches:
+            return
+        watched = WatchedOptimizer(len(self._watches), optimizer)
+        watched.refresh()
+        on, args = self._enabled, (self._board, self.config, watched)
+        watch = _Watch(
+            watched,
+            effect=(StepEffectCheck(*args, self._namer, self._pending)
+                    if on("optimizer_changes_params") or on("frozen_stay_frozen") else None),
+            zero_lr=ZeroLrCheck(*args) if on("optimizer_changes_params") else None,
+            arrival=ArrivalCheck(*args, self._namer, self._pending) if on("params_receive_grads") else None,
+            clearing=ClearingCheck(*args, self._namer, self._pending) if on("grads_cleared") else None,
+        )
+        watch.handles = [optimizer.register_step_pre_hook(partial(self._before_step, watch)),
+                         optimizer.register_step_post_hook(partial(self._after_step, watch))]
+        self._watches[id(optimizer)] = watch
+
+    def statuses(self) -> dict[str, dict[str, Any]]:
+        """Current status of each invariant: ``{name: {status, step, message, details}}``."""
+        return self._board.statuses()
+
+    def close(self) -> None:
+        """Remove every hook, settle the verdicts still in flight (so the last one is reported)."""
+        if self._closed:
+            return
+        self._closed = True
+        for watch in self._watches.values():
+            for handle in watch.handles:
+                handle.remove()
+            for check in watch.checks():
+                check.close()
+        for check in (self._train_mode, self._discovery):
+            if check is not None:
+                check.close()
+        self._pending.drain(wait=True)
+        self._run(self._replicas, "close")
+
+    # ----------------------------------------------------------------- hooks
+
+    def _before_step(self, watch: _Watch, optimizer: torch.optim.Optimizer, args: tuple,
+                     kwargs: dict) -> None:
+        call = sys._getframe(1)
+        if _nested(watch.outer_call, call):
+            return
+        watch.outer_call = call
+        with torch.no_grad():
+            index, step = watch.watched.count, self._step_of(watch)
+            closure = any(callable(a) for a in args) or any(callable(v) for v in kwargs.values())
+            self._run(watch.clearing, "before_step", index, step)
+            self._run(watch.effect, "before_step", index, step, closure)
+            self._pending.drain()
+
+    def _after_step(self, watch: _Watch, optimizer: torch.optim.Optimizer, args: tuple,
+                    kwargs: dict) -> None:
+        if sys._getframe(1) is not watch.outer_call:
+            return  # the inner step() of a subclass calling super().step()
+        watch.outer_call = None
+        with torch.no_grad():
+            watched = watch.watched
+            index, step = watched.count, self._step_of(watch)
+            self._run(watch.effect, "after_step")
+            self._run(watch.zero_lr, "after_step", index, step)
+            self._run(watch.arrival, "after_step", index, step)
+            self._run(watch.clearing, "after_step", index)
+            watched.count += 1
+            self._steps_done = max(self._steps_done, watched.count)
+            if watched.index == 0:  # the first optimizer is the clock of the collective check
+                self._run(self._replicas, "after_step", index, step)
+            self._run(self._train_mode, "after_step", step, self._steps_done)
+            self._run(self._ownership, "after_step", self._steps_done - 1, step,
+                      [root for _, root in self._roots], [w.watched for w in self._watches.values()])
+            self._run(self._discovery, "after_step", self._steps_done)
+            self._pending.drain()
+
+    # ----------------------------------------------------------------- internals
+
+    def _enabled(self, name: str) -> bool:
+        return name not in self.config.disabled
+
+    def _step_of(self, watch: _Watch) -> int:
+        return max(watch.watched.count, self._steps_done - 1)
+
+    def _announce(self, model: nn.Module | None) -> None:
+        k = self.config.grad_window
+        no_model = "no model given: waiting to find it at a forward"
+        waiting = {
+            "optimizer_changes_params": "waiting for the first optimizer step",
+            "params_receive_grads": f"waiting for the first optimizer steps (window: {k} steps)",
+            "grads_cleared": "waiting for two optimizer steps with backward passes between them",
+            "model_in_train_mode": "waiting for a training forward" if model is not None else no_model,
+            "replicas_consistent": (self._replicas.why_unchecked() if self._replicas else None)
+            or "waiting for the first replica comparison",
+            "optimizer_owns_trainables": f"checked after {k} optimizer steps"
+            if model is not None else no_model,
+            "frozen_stay_frozen": "waiting for a step of an optimizer that owns parameters with "
+                                  "requires_grad=False",
+        }
+        for name in INVARIANT_NAMES:
+            self._board.start(name, waiting[name])
+            if not self._enabled(name):
+                self._board.disable(name, "disabled in the invariant configuration")
+
+    def _adopt(self, model: nn.Module, discovered: bool = False) -> None:
+        """Make ``model`` (or what it wraps) a root: names, train-mode regions, ownership.
+
+        Parameters of the given model are named by their path in it; those of discovered roots
+        get the root's class name in front (``Discriminator.fc.weight``), since the user never
+        said which module that is.
+        """
+        root = unwrap(model)
+        if any(root is r for _, r in self._roots):
+            return
+        inside = {id(m) for m in root.modules()}
+        self._roots = [(prefix, r) for prefix, r in self._roots if id(r) not in inside]
+        prefix = ""
+        if discovered or self._roots:
+            prefix = f"{type(root).__name__}."
+            used = {p for p, _ in self._roots}
+            if prefix in used:
+                prefix = f"{type(root).__name__}#{len(self._roots) + 1}."
+        self._roots.append((prefix, root))
+        self._namer.add_root(root, prefix)
+        if self._discovery is not None:
+            self._discovery.note_root(root)
+        if self._train_mode is not None:
+            self._run(self._train_mode, "set_roots", list(self._roots), self._steps_done)
+        if self._ownership is not None and self._discovery is not None:
+            self._board.idle_message("optimizer_owns_trainables",
+                                     f"checked after {self.config.grad_window} optimizer steps")
+
+    def _owned_ids(self) -> set[int]:
+        owned: set[int] = set()
+        for watch in self._watches.values():
+            watch.watched.refresh()
+            owned.update(id(p) for p in watch.watched.params)
+        return owned
+
+    def _replica_params(self) -> list[tuple[str, torch.Tensor]]:
+        """What replicas compare: the model's parameters, else every optimizer's (fixed at setup)."""
+        named: dict[int, tuple[str, torch.Tensor]] = {}
+        for prefix, root in self._roots:
+            for name, p in root.named_parameters():
+                named.setdefault(id(p), (prefix + name, p))
+        if not named:
+            for watch in self._watches.values():
+                w = watch.watched
+                for i, p in enumerate(w.params):
+                    named.setdefault(id(p), (w.label(self._namer, i), p))
+        return list(named.values())
+
+    def _run(self, check: Check | None, method: str, *args: Any) -> None:
+        if check is None or check.dead:
+            return
+        try:
+            getattr(check, method)(*args)
+        except Exception as exc:
+            self._fail(check, exc)
+
+    def _fail(self, check: Check, exc: BaseException) -> None:
+        """Switch a broken check off: training goes on, its invariants say why they are unchecked."""
+        check.dead = True
+        _log.warning("invariant check %s failed and is switched off", type(check).__name__, exc_info=exc)
+        try:
+            check.close()
+        finally:
+            for name in check.names:
+                self._board.disable(name, f"internal error, check switched off: {exc!r}")
+
+
+def _nested(outer_call: object | None, call) -> bool:
+    """Is this ``step()`` running inside the one already being watched?
+
+    torch wraps ``step`` with the hooks per class, so a subclass whose ``step`` calls
+    ``super().step()`` fires the hooks twice, nested, once the base class was also instantiated.
+    The outer call counts. The wrapper frame of the outer call still being on the stack tells a
+    nested call from a new step after one that raised (whose post-hook never ran).
+    """
+    if outer_call is None:
+        return False
+    frame = call.f_back
+    while frame is not None:
+        if frame is outer_call:
+            return True
+        frame = frame.f_back
+    return False

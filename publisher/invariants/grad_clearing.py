@@ -1,0 +1,136 @@
+"""Gradients are cleared between optimizer steps (``grads_cleared``).
+
+One small dense *sentinel* parameter per optimizer (the smallest one that had a gradient at its
+first step, typically a bias) carries a ``Tensor.register_hook``. That hook runs when backward
+produces the sentinel's gradient, *before* it is accumulated, so ``p.grad`` still holds the old
+value: ``None`` (``zero_grad(set_to_none=True)``, free to test) or all zeros
+(``set_to_none=False``) means "cleared before this backward".
+
+A window runs from one ``step()`` pre-hook to the next. It is healthy when at least one backward
+in it saw a cleared gradient; it is a violation when backwards ran and none did. This accepts,
+without special cases: gradient accumulation (k backwards, the first sees the cleared gradient),
+LBFGS closures (``zero_grad`` + backward inside ``step()``, so inside the window), and GANs
+(D's parameters receive G-loss gradients, but ``opt_d.zero_grad()`` still precedes D's backward).
+
+Windows are armed only before sampled steps, so the hook does nothing most of the time. On CUDA
+the all-zero test stays a device tensor until the window closes and is then read without a sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from publisher.invariants.config import InvariantConfig
+from publisher.invariants.core import (
+    Check,
+    ParamNamer,
+    PendingResults,
+    Schedule,
+    StatusBoard,
+    WatchedOptimizer,
+    stack_on,
+)
+
+CLEARED = "grads_cleared"
+
+
+class ClearingCheck(Check):
+    """Watches one sentinel parameter of an optimizer across the windows between its steps."""
+
+    names = (CLEARED,)
+
+    def __init__(self, board: StatusBoard, config: InvariantConfig, watched: WatchedOptimizer,
+                 namer: ParamNamer, pending: PendingResults) -> None:
+        self._board = board
+        self._watched = watched
+        self._namer = namer
+        self._pending = pending
+        self._schedule = Schedule(config.dense_steps, config.check_every)
+        self._source = ("optimizer", watched.index)
+        self._sentinel: torch.Tensor | None = None
+        self._sentinel_name = ""
+        self._handle = None
+        self._armed = False
+        self._backwards = 0
+        self._cleared = False
+        self._zero_tests: list[torch.Tensor] = []
+
+    def before_step(self, index: int, step: int) -> None:
+        if self._armed:
+            self._close_window(step)
+        if self._sentinel is not None and self._schedule.due(index + 1):
+            self._open_window()
+
+    def after_step(self, index: int) -> None:
+        if self._sentinel is None and self._pick_sentinel() and self._schedule.due(index + 1):
+            self._open_window()
+
+    def close(self) -> None:
+        self._armed = False
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _pick_sentinel(self) -> bool:
+        watched = self._watched
+        watched.refresh()
+        candidates = [(p.numel(), i) for i, p in enumerate(watched.params)
+                      if p.requires_grad and p.grad is not None and not p.grad.is_sparse]
+        if not candidates:
+            candidates = [(p.numel(), i) for i, p in enumerate(watched.params)
+                          if p.requires_grad and p.grad is not None]
+        if not candidates:
+            return False
+        _, i = min(candidates)
+        self._sentinel = watched.params[i]
+        self._sentinel_name = watched.label(self._namer, i)
+        self._handle = self._sentinel.register_hook(self._on_gradient)
+        return True
+
+    def _open_window(self) -> None:
+        self._armed = True
+        self._backwards = 0
+        self._cleared = False
+        self._zero_tests = []
+
+    def _on_gradient(self, grad: torch.Tensor) -> None:
+        """Runs inside backward, before accumulation: ``.grad`` still holds what was there."""
+        if not self._armed:
+            return
+        self._backwards += 1
+        old = self._sentinel.grad
+        if old is None or self._cleared:
+            self._cleared = True
+        elif old.is_sparse:
+            self._cleared = old._nnz() == 0 or not bool(old._values().any())
+        elif old.device.type == "cpu":
+            self._cleared = not bool(old.any())
+        else:
+            with torch.no_grad():
+                self._zero_tests.append(~old.any())
+
+    def _close_window(self, step: int) -> None:
+        self._armed = False
+        if self._backwards == 0:
+            return  # no backward reached the sentinel: no verdict
+        backwards = self._backwards
+        if self._cleared or not self._zero_tests:
+            self._judge(step, backwards, self._cleared)
+        else:
+            tests = stack_on(self._zero_tests, self._zero_tests[0].device).any()
+            self._pending.add(self, tests, lambda cleared: self._judge(step, backwards, bool(cleared)))
+        self._zero_tests = []
+
+    def _judge(self, step: int, backwards: int, cleared: bool) -> None:
+        opt = self._watched.index
+        if cleared:
+            self._board.report(CLEARED, self._source, "ok", step,
+                               f"optimizer {opt}: gradients were cleared before step {step}")
+            return
+        message = (f"optimizer {opt}: gradients were not cleared between two steps ({backwards} backward "
+                   f"pass(es) accumulated onto the previous step's gradients of {self._sentinel_name})")
+        details = {"optimizer": opt, "sentinel": self._sentinel_name, "backwards_in_window": backwards,
+                   "likely_causes": ["optimizer.zero_grad() (or model.zero_grad()) missing from the loop",
+                                     "zero_grad() called on a different optimizer or model than the one "
+                                     "stepped"]}
+        self._board.violation(CLEARED, self._source, step, message, details, ["not cleared"])

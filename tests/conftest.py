@@ -1,0 +1,300 @@
+"""Shared fixtures for the viewer's tests: synthetic runs, recordings, a protocol-level publisher.
+
+Everything here is real: messages are built with ``publisher.protocol``, recordings are files,
+and :class:`RawPublisher` drives real ZeroMQ PUB and ROUTER sockets on 127.0.0.1 exactly as
+docs/protocol.md says, so the receiver is tested against the contract rather than against one
+implementation of it (tests with the real ``publisher.transport.Publisher`` exist as well).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from publisher.protocol import encode, make_message, wire_numbers
+
+T0 = 1_700_000_000.0
+HOST = "testhost"
+
+
+# ------------------------------------------------------------------------------------ synthetic runs
+
+
+class RunBuilder:
+    """Builds one sender's messages with consecutive ``seq`` numbers and a clock in ``step_s`` steps."""
+
+    def __init__(self, run: str = "synthetic", rank: int = 0, *, t0: float = T0) -> None:
+        self.run = run
+        self.rank = rank
+        self.seq = 0
+        self.ts = t0
+
+    def message(self, msg_type: str, step: int | None = None, **body: Any) -> dict[str, Any]:
+        message = make_message(
+            msg_type, run=self.run, rank=self.rank, host=HOST, ts=self.ts, seq=self.seq, step=step, **body
+        )
+        self.seq += 1
+        return message
+
+    def run_start(self) -> dict[str, Any]:
+        return self.message(
+            "run_start",
+            config={"lr": 0.01, "batch_size": 32},
+            seed=1,
+            argv=["train.py"],
+            cwd="/tmp",
+            pid=1,
+            world_size=1,
+            versions={"python": "3.11"},
+            gpu_source="simulated",
+        )
+
+    def metrics(self, step: int, **values: float) -> dict[str, Any]:
+        return self.message("metrics", step=step, metrics=wire_numbers(values))
+
+    def gpu(
+        self, step: int, utils: list[float], *, throttle: dict[int, list[str]] | None = None
+    ) -> dict[str, Any]:
+        devices = [
+            {
+                "index": index,
+                "name": "Simulated GPU",
+                "util": util,
+                "mem_used": 40 * 1024**3,
+                "mem_total": 80 * 1024**3,
+                "temp_c": 60,
+                "power_w": 300.0,
+                "power_limit_w": 400.0,
+                "sm_clock_mhz": 1800,
+                "throttle": (throttle or {}).get(index, []),
+                "ecc_errors": 0,
+            }
+            for index, util in enumerate(utils)
+        ]
+        return self.message("gpu", step=step, simulated=True, devices=devices)
+
+    def event(
+        self, step: int, event_id: str, kind: str, severity: str, message: str, count: int = 1, **details: Any
+    ) -> dict[str, Any]:
+        return self.message(
+            "event",
+            step=step,
+            id=event_id,
+            severity=severity,
+            kind=kind,
+            message=message,
+            details=details,
+            count=count,
+        )
+
+    def invariant(self, name: str, status: str, step: int | None, message: str) -> dict[str, Any]:
+        return self.message("invariant", step=step, name=name, status=status, message=message, details={})
+
+    def heartbeat(self, step: int, snapshot: str = "tcp://127.0.0.1:1", dropped: int = 0) -> dict[str, Any]:
+        stats = {"sent": self.seq, "dropped": dropped, "queued": 0, "recorded": self.seq}
+        return self.message("heartbeat", step=step, snapshot=snapshot, stats=stats)
+
+
+def synthetic_run(
+    run: str = "synthetic", steps: int = 300, *, step_s: float = 0.1, t0: float = T0, end: bool = True
+) -> list[dict[str, Any]]:
+    """A small, complete run: 4 simulated GPUs (GPU 2 starving from step 100), a loss spike at step
+    120 whose episode is updated at 130 (same id, count 2), a NaN loss at 200, invariants (one
+    violated at 150), heartbeats, and ``run_end`` when ``end``."""
+    builder = RunBuilder(run, t0=t0)
+    messages = [builder.run_start()]
+    for step in range(steps):
+        builder.ts = t0 + step * step_s
+        loss = float("nan") if step == 200 else (50.0 if step == 120 else 2.0 / (1 + step / 50))
+        messages.append(
+            builder.metrics(step, loss=loss, lr=0.01, grad_norm=1.0 + step % 3, samples_per_s=1000.0 + step)
+        )
+        if step % 10 == 0:
+            utils = [95.0, 94.0, 10.0 if step >= 100 else 93.0, 96.0]
+            messages.append(builder.gpu(step, utils, throttle={1: ["hw_thermal"]} if step >= 250 else None))
+            messages.append(builder.heartbeat(step))
+        if step == 50:
+            messages.append(builder.invariant("optimizer_changes_params", "ok", 50, "parameters changed"))
+            messages.append(
+                builder.invariant("grads_cleared", "unchecked", None, "waiting for a second step")
+            )
+        if step == 120:
+            messages.append(
+                builder.event(
+                    120,
+                    "0-1",
+                    "loss_spike",
+                    "warning",
+                    "loss 50 at step 120 is 25x its mean",
+                    value=50.0,
+                    baseline=2.0,
+                    likely_causes=["a corrupted batch"],
+                )
+            )
+        if step == 130:
+            messages.append(
+                builder.event(
+                    120,
+                    "0-1",
+                    "loss_spike",
+                    "warning",
+                    "loss spiking again at 130",
+                    count=2,
+                    value=48.0,
+                    baseline=2.0,
+                    likely_causes=["a corrupted batch"],
+                )
+            )
+        if step == 150:
+            messages.append(builder.invariant("grads_cleared", "violated", 150, "gradients not cleared"))
+        if step == 200:
+            messages.append(
+                builder.event(
+                    200,
+                    "0-2",
+                    "nonfinite_loss",
+                    "critical",
+                    "loss is nan at step 200",
+                    value="nan",
+                    likely_causes=["learning rate too high"],
+                )
+            )
+    if end:
+        builder.ts = t0 + steps * step_s
+        messages.append(builder.message("run_end", step=steps - 1, status="completed"))
+    return messages
+
+
+def write_recording(
+    path: Path, messages: list[dict[str, Any]], *, bad_lines: dict[int, bytes] | None = None
+) -> Path:
+    """Write ``messages`` as JSON Lines; ``bad_lines`` inserts raw lines at those (1-based) line numbers."""
+    lines = [encode(message) for message in messages]
+    for number, raw in sorted((bad_lines or {}).items()):
+        lines.insert(number - 1, raw)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+@pytest.fixture
+def recording(tmp_path: Path) -> Path:
+    """A recording of :func:`synthetic_run` (30 s of recorded time)."""
+    return write_recording(tmp_path / "synthetic.jsonl", synthetic_run())
+
+
+# ------------------------------------------------------------------------------ protocol-level peer
+
+
+class RawPublisher:
+    """A publisher reduced to the protocol: a PUB and a snapshot ROUTER on random loopback ports.
+
+    Driven from the test's thread (its sockets are used by that thread only). It keeps what it
+    sent so that a snapshot can be built from it and the test can compare what the viewer shows.
+    """
+
+    def __init__(self, context: zmq.Context, run: str = "raw", rank: int = 0) -> None:
+        self.builder = RunBuilder(run, rank, t0=time.time())
+        self.pub = context.socket(zmq.PUB)
+        self.pub.linger = 0
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.router = context.socket(zmq.ROUTER)
+        self.router.linger = 0
+        self.router.bind("tcp://127.0.0.1:*")
+        self.snapshot_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.pub.send(encode(message))
+        self.sent.append(message)
+        return message
+
+    def send_new(self, msg_type: str, step: int | None = None, **body: Any) -> dict[str, Any]:
+        self.builder.ts = time.time()
+        return self.send(self.builder.message(msg_type, step=step, **body))
+
+    def metrics(self, step: int, loss: float) -> dict[str, Any]:
+        self.builder.ts = time.time()
+        return self.send(self.builder.metrics(step, loss=loss))
+
+    def heartbeat(self, step: int) -> dict[str, Any]:
+        self.builder.ts = time.time()
+        return self.send(self.builder.heartbeat(step, snapshot=self.snapshot_endpoint))
+
+    def poll_request(self, timeout_ms: int = 0) -> bytes | None:
+        """The identity of a viewer that asked for a snapshot, if one did."""
+        if not self.router.poll(timeout_ms):
+            return None
+        identity, request = self.router.recv_multipart()
+        assert json.loads(request) == {"v": 1, "type": "snapshot_request"}
+        return identity
+
+    def snapshot_frames(self) -> tuple[int, list[bytes]]:
+        """What the protocol requires a snapshot to hold, built from everything sent so far."""
+        kept = [m for m in self.sent if m["type"] in ("run_start", "metrics", "event")]
+        latest: dict[Any, dict[str, Any]] = {}
+        for message in self.sent:
+            if message["type"] == "invariant":
+                latest[("invariant", message["name"])] = message
+            elif message["type"] == "gpu":
+                latest["gpu"] = message
+        chosen = sorted(kept + list(latest.values()), key=lambda m: m["seq"])
+        return self.sent[-1]["seq"], [encode(m) for m in chosen]
+
+    def reply(self, identity: bytes, seq: int, frames: list[bytes]) -> None:
+        header = json.dumps({"v": 1, "type": "snapshot", "seq": seq, "count": len(frames)}).encode()
+        self.router.send_multipart([identity, header, *frames])
+
+    def close(self) -> None:
+        self.pub.close(0)
+        self.router.close(0)
+
+
+@pytest.fixture
+def zmq_context() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def raw_publisher(zmq_context: zmq.Context) -> Iterator[RawPublisher]:
+    publisher = RawPublisher(zmq_context)
+    yield publisher
+    publisher.close()
+
+
+# ------------------------------------------------------------------------------------------ waiting
+
+
+def wait_until(
+    condition: Callable[[], object],
+    timeout_s: float = 5.0,
+    what: str = "condition",
+    tick: Callable[[], None] | None = None,
+) -> None:
+    """Poll ``condition`` (calling ``tick`` between polls, e.g. to keep a peer publishing)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        if tick is not None:
+            tick()
+        time.sleep(0.01)
+
+
+async def wait_for_screen(
+    pilot: Any, condition: Callable[[], object], timeout_s: float = 10.0, what: str = "screen condition"
+) -> None:
+    """Let the app run until ``condition`` holds (read widgets in it, as a user reads the screen)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        await pilot.pause(0.05)

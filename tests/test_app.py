@@ -1,0 +1,310 @@
+"""The dashboard driven by Textual's Pilot over real sources (recordings and live sockets)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from conftest import RawPublisher, synthetic_run, wait_for_screen, write_recording
+from textual.pilot import Pilot
+from textual.widget import Widget
+from textual_plotext import PlotextPlot
+
+from tuimon.app import TuimonApp
+from tuimon.receiver import LiveSource
+from tuimon.replay import ReplaySource
+from tuimon.screens.event_detail import EventDetailScreen
+from tuimon.screens.help import HelpScreen
+from tuimon.widgets.charts import MetricChart
+from tuimon.widgets.events import EventLog
+from tuimon.widgets.gpu import GpuCard
+from tuimon.widgets.invariants import InvariantTable
+
+SIZE = (160, 48)
+
+
+@asynccontextmanager
+async def dashboard(source: object, **options: object) -> AsyncIterator[tuple[TuimonApp, Pilot]]:
+    app = TuimonApp(source, **options)
+    async with app.run_test(size=SIZE) as pilot:
+        yield app, pilot
+
+
+def text(node: TuimonApp | Widget, selector: str) -> str:
+    """What a text widget shows (queried from the app: on the dashboard; from app.screen: on top)."""
+    return str(node.query_one(selector).visual)
+
+
+def shown_step(app: TuimonApp) -> int | None:
+    """The step number in the header, as the user reads it."""
+    header = text(app, "#header")
+    if "step " not in header:
+        return None
+    value = header.split("step ")[1].split()[0].replace(",", "")
+    return int(value) if value.isdigit() else None
+
+
+def chart_text(app: TuimonApp) -> str:
+    """What the chart shows (its rendered plot as plain text)."""
+    return app.query_one(PlotextPlot).render().plain
+
+
+def cell(table: Widget, row: str, column: str) -> str:
+    return str(table.get_cell(row, column))
+
+
+async def played_to_end(app: TuimonApp, pilot: Pilot) -> None:
+    await wait_for_screen(pilot, lambda: "ENDED: completed" in text(app, "#header"), what="the run's end")
+    await wait_for_screen(pilot, lambda: "last" in chart_text(app), what="the chart")
+
+
+async def test_dashboard_shows_a_whole_run(recording: Path) -> None:
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        await played_to_end(app, pilot)
+        header = text(app, "#header")
+        for expected in (
+            "synthetic",
+            "host testhost",
+            "step 299",
+            "1299 samples/s",
+            "SIMULATED GPUs",
+            "REPLAY max",
+        ):
+            assert expected in header
+        cards = {card.id: str(card.visual) for card in app.query(GpuCard)}
+        assert sorted(cards) == ["gpu-0-0", "gpu-0-1", "gpu-0-2", "gpu-0-3"]
+        assert "◀ OUTLIER util 10% vs 95%" in cards["gpu-0-2"]
+        assert app.query_one("#gpu-0-2").has_class("-outlier")
+        assert "⚠ THROTTLE hw_thermal" in cards["gpu-0-1"]
+        assert all("util" in c and "mem" in c and "temp" in c and "power" in c for c in cards.values())
+        assert app.query_one("#gpus").border_title == "GPUs  SIMULATED"
+        invariants = app.query_one(InvariantTable)
+        assert cell(invariants, "grads_cleared", "status") == "✖ VIOLATED"
+        assert cell(invariants, "optimizer_changes_params", "status") == "✔ ok"
+        assert "1 VIOLATED" in invariants.border_title
+        events = app.query_one(EventLog)
+        assert events.row_count == 2
+        assert cell(events, "0-1", "count") == "×2" and cell(events, "0-1", "severity") == "▲ WARN"
+        assert cell(events, "0-2", "severity") == "✖ CRIT"
+        assert "loss  last" in chart_text(app)
+        assert "received" in text(app, "#status") and "malformed 0" in text(app, "#status")
+
+
+async def test_live_step_advances_and_malformed_frames_show_in_the_status_line(
+    raw_publisher: RawPublisher,
+) -> None:
+    source = LiveSource([raw_publisher.endpoint])
+    async with dashboard(source) as (app, pilot):
+        step = 0
+
+        def publish_until(target: int) -> bool:
+            """Publish one more step; true once the header shows ``target`` or later."""
+            nonlocal step
+            raw_publisher.metrics(step, loss=1.0 / (step + 1))
+            if step % 5 == 0:
+                raw_publisher.heartbeat(step)
+            step += 1
+            shown = shown_step(app)
+            return shown is not None and shown >= target
+
+        raw_publisher.send(raw_publisher.builder.run_start())
+        await wait_for_screen(pilot, lambda: publish_until(0), what="the first steps")
+        first = shown_step(app)
+        await wait_for_screen(pilot, lambda: publish_until(first + 20), what="the step advancing")
+        assert "raw" in text(app, "#header") and "● LIVE" in text(app, "#header")
+        for frame in (b"garbage", b'{"v": 7}', b"{}"):
+            raw_publisher.pub.send(frame)
+        await wait_for_screen(
+            pilot, lambda: "malformed 3" in text(app, "#status"), what="the malformed count"
+        )
+        assert "not JSON" in text(app, "#status") and "wrong version" in text(app, "#status")
+        await wait_for_screen(pilot, lambda: publish_until(first + 40), what="the app still working")
+
+
+async def test_selecting_an_event_shows_its_details(recording: Path) -> None:
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        await played_to_end(app, pilot)
+        await pilot.press("e", "up", "enter")
+        screen = app.screen
+        assert isinstance(screen, EventDetailScreen) and screen.event.id == "0-1"
+        detail = text(app.screen, "#event-detail")
+        for expected in (
+            "▲ WARN",
+            "loss_spike at step 120",
+            "×2",
+            "loss spiking again at 130",
+            "what it means: loss jumped far above its recent level",
+            "likely causes:",
+            "• a corrupted batch",
+            "Around this step",
+            "▶ 120",
+        ):
+            assert expected in detail
+        await pilot.press("escape")
+        assert not isinstance(app.screen, EventDetailScreen)
+        app.query_one(EventLog).move_cursor(row=1)
+        app.action_event_details()
+        await pilot.pause()
+        assert app.screen.event.id == "0-2" and "loss is nan at step 200" in text(app.screen, "#event-detail")
+
+
+async def test_event_context_for_other_screens(recording: Path) -> None:
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        await played_to_end(app, pilot)
+        app.query_one(EventLog).move_cursor(row=0)
+        context = app.event_context(before=3, after=3)
+        assert context.run == "synthetic" and context.event.kind == "loss_spike"
+        assert context.window["loss"][0] == [117, 118, 119, 120, 121, 122, 123]
+        assert context.window["loss"][1][3] == 50.0
+
+
+async def test_replay_keys_pause_speed_and_seek_change_the_screen(recording: Path) -> None:
+    async with dashboard(ReplaySource([recording], speed=1.0, paused=True)) as (app, pilot):
+        await wait_for_screen(pilot, lambda: "❚❚ PAUSED 1×" in text(app, "#header"), what="paused")
+        await pilot.press("end")
+        await wait_for_screen(pilot, lambda: "step 299" in text(app, "#header"), what="the end")
+        assert "100%" in text(app, "#header")
+        await pilot.press("home")
+        await wait_for_screen(pilot, lambda: "step 0 " in text(app, "#header"), what="the start")
+        assert app.query_one(EventLog).row_count == 0
+        await pilot.press("right", "right")
+        await wait_for_screen(pilot, lambda: "step 200 " in text(app, "#header"), what="+20 s")
+        await pilot.press("left")
+        await wait_for_screen(pilot, lambda: "step 100 " in text(app, "#header"), what="-10 s")
+        await pilot.press("plus", "plus")
+        await wait_for_screen(pilot, lambda: "PAUSED 4×" in text(app, "#header"), what="4x")
+        await pilot.press("minus", "minus", "minus")
+        await wait_for_screen(pilot, lambda: "PAUSED 0.5×" in text(app, "#header"), what="0.5x")
+        await pilot.press("plus", "plus", "plus", "plus", "plus", "space")
+        await wait_for_screen(pilot, lambda: "▶ REPLAY 16×" in text(app, "#header"), what="playing at 16x")
+        await wait_for_screen(pilot, lambda: "step 100 " not in text(app, "#header"), what="steps moving")
+
+
+async def test_chart_keys_choose_the_metric(recording: Path) -> None:
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        await played_to_end(app, pilot)
+        chart = app.query_one(MetricChart)
+        assert chart.names[:4] == ["loss", "lr", "grad_norm", "samples_per_s"]
+        for key, metric in (("g", "grad_norm"), ("s", "samples_per_s"), ("l", "loss"), ("c", "lr")):
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert chart.metric == metric
+            assert f"{metric}  last" in chart_text(app)
+
+
+async def test_run_key_switches_between_runs(tmp_path: Path) -> None:
+    first = write_recording(tmp_path / "a.jsonl", synthetic_run("alpha", steps=50))
+    second = write_recording(tmp_path / "b.jsonl", synthetic_run("beta", steps=80, t0=1_700_000_001.0))
+    async with dashboard(ReplaySource([first, second], speed=math.inf), run="beta") as (app, pilot):
+        await wait_for_screen(pilot, lambda: "step 79" in text(app, "#header"), what="beta shown first")
+        await pilot.press("r")
+        await wait_for_screen(pilot, lambda: "alpha" in text(app, "#header"), what="alpha")
+        assert "step 49" in text(app, "#header") and app.run_name == "alpha"
+        await pilot.press("r")
+        await wait_for_screen(pilot, lambda: "beta" in text(app, "#header"), what="beta again")
+
+
+async def test_help_screen_lists_every_footer_key(recording: Path) -> None:
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        shown = [b.binding for b in app.screen.active_bindings.values() if b.binding.show]
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        help_text = text(app.screen, "#help-text")
+        for binding in shown:
+            assert app.get_key_display(binding) in help_text
+        assert "Replay only" in help_text and "✖ VIOLATED" in help_text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_every_footer_key_does_something(recording: Path) -> None:
+    """Each key the footer offers, pressed, changes what the user sees (or quits)."""
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        await played_to_end(app, pilot)
+        footer_keys = {key for key, b in app.screen.active_bindings.items() if b.binding.show}
+        effects = {
+            "question_mark": lambda: isinstance(app.screen, HelpScreen),
+            "t": lambda: app.theme == "tuimon-light",
+            "r": lambda: "only one run so far" in str([n.message for n in app._notifications]),
+            "l": lambda: app.query_one(MetricChart).metric == "loss",
+            "g": lambda: app.query_one(MetricChart).metric == "grad_norm",
+            "s": lambda: app.query_one(MetricChart).metric == "samples_per_s",
+            "c": lambda: app.query_one(MetricChart).metric == "lr",
+            "e": lambda: app.focused is app.query_one(EventLog),
+            "enter": lambda: isinstance(app.screen, EventDetailScreen),
+            "space": lambda: "PAUSED" in text(app, "#header"),
+            "plus": lambda: "PAUSED max" not in text(app, "#header"),
+            "minus": lambda: "64×" in text(app, "#header"),
+            "home": lambda: "step 0 " in text(app, "#header"),
+            "right": lambda: "step 100 " in text(app, "#header"),
+            "left": lambda: "step 0 " in text(app, "#header"),
+            "end": lambda: "step 299 " in text(app, "#header"),
+        }
+        assert footer_keys - {"q"} == set(effects)
+        for key in (
+            "question_mark",
+            "t",
+            "r",
+            "g",
+            "l",
+            "s",
+            "c",
+            "e",
+            "enter",
+            "space",
+            "minus",
+            "plus",
+            "home",
+            "right",
+            "left",
+            "end",
+        ):
+            if isinstance(app.screen, (HelpScreen, EventDetailScreen)):
+                await pilot.press("escape")
+            if key == "c":
+                await pilot.press("l")  # the next chart after the loss is the lr
+            if key == "minus":
+                app.source.set_speed(math.inf)
+            await pilot.press(key)
+            await wait_for_screen(pilot, effects[key], what=f"the effect of {key!r}")
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
+
+
+async def test_live_source_hides_the_replay_keys(raw_publisher: RawPublisher) -> None:
+    async with dashboard(LiveSource([raw_publisher.endpoint])) as (app, pilot):
+        footer_keys = {key for key, b in app.screen.active_bindings.items() if b.binding.show}
+        assert {"space", "plus", "minus", "left", "right", "home", "end"}.isdisjoint(footer_keys)
+        assert {"q", "question_mark", "t", "l", "g", "s", "e"} <= footer_keys
+        await pilot.press("space", "left")  # nothing to pause or seek: no error either
+
+
+async def test_command_palette_switches_theme_and_chart(recording: Path) -> None:
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        await played_to_end(app, pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"theme tuimon-contrast")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for_screen(pilot, lambda: app.theme == "tuimon-contrast", what="the contrast theme")
+        await pilot.press("ctrl+p")
+        await pilot.press(*"chart grad_norm")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for_screen(
+            pilot, lambda: app.query_one(MetricChart).metric == "grad_norm", what="grad_norm"
+        )
+
+
+async def test_waiting_screen_when_no_run_is_registered(tmp_path: Path) -> None:
+    async with dashboard(LiveSource(registry_dir=tmp_path)) as (app, pilot):
+        await wait_for_screen(
+            pilot, lambda: "waiting for runs" in text(app, "#header"), what="the waiting notice"
+        )
+        header = text(app, "#header")
+        assert "no run yet" in header and str(tmp_path) in header and "tuimon run" in header
+        await pilot.press("enter", "r")  # no event, no run: a notice, not a crash
+        assert app.is_running

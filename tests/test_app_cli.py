@@ -1,0 +1,166 @@
+"""The viewer's commands as a user runs them: real `tuimon` processes, on a real terminal (pty)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+TUIMON = [sys.executable, "-m", "tuimon.cli"]
+#: A closed terminal must end the dashboard within this many seconds.
+HANGUP_EXIT_S = 5.0
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TUIMON, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tuimon: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_watch_with_a_bad_endpoint_says_so_in_one_line() -> None:
+    result = run_cli("watch", "bad::endpoint")
+    assert_one_line_error(result, "bad endpoint 'bad::endpoint'", "e.g. tcp://127.0.0.1:5555")
+
+
+def test_replay_of_a_missing_file_says_so_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("replay", str(tmp_path / "gone.jsonl"))
+    assert_one_line_error(result, f"cannot read recording {tmp_path / 'gone.jsonl'}")
+
+
+def test_unknown_theme_says_so_before_the_screen_opens(tmp_path: Path) -> None:
+    result = run_cli("watch", "--theme", "neon", env={"TUIMON_RUNTIME_DIR": str(tmp_path)})
+    assert_one_line_error(result, "unknown theme 'neon'", "tuimon-contrast")
+
+
+def test_bad_replay_speed_says_so(recording: Path) -> None:
+    assert_one_line_error(run_cli("replay", str(recording), "--speed", "3"), "bad speed '3'")
+
+
+def test_demo_without_torch_says_how_to_install_it() -> None:
+    # torch made unimportable in this process only, as on a viewer-only install
+    code = "import sys; sys.modules['torch'] = None; from tuimon.cli import main; sys.exit(main(['demo']))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert_one_line_error(result, "PyTorch", "pip install 'tuimon[torch]'")
+
+
+# --------------------------------------------------------------------------- the terminal goes away
+
+
+class Terminal:
+    """A pty of 160x48 with a `tuimon` process on it; reads its output so it never blocks."""
+
+    def __init__(self, args: list[str], env: dict[str, str], *, controlling: bool) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
+        self.master: int | None = master
+        self.output = b""
+
+        def become_session_leader_of_the_tty() -> None:
+            os.setsid()
+            if controlling:  # like sshd: the pty is the session's controlling terminal
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.process = subprocess.Popen(
+            [*TUIMON, *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env={**os.environ, "TERM": "xterm-256color", **env},
+            preexec_fn=become_session_leader_of_the_tty,
+        )
+        os.close(slave)
+
+    def read_until(self, text: bytes, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output:
+            assert time.monotonic() < deadline, f"{text!r} never shown; got {self.output[-500:]!r}"
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                self.output += os.read(self.master, 65536)
+
+    def close(self) -> None:
+        if self.master is not None:
+            os.close(self.master)
+            self.master = None
+
+    def kill(self) -> None:
+        self.close()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def assert_exits_quickly(process: subprocess.Popen[bytes]) -> None:
+    started = time.monotonic()
+    try:
+        process.wait(HANGUP_EXIT_S)
+    except subprocess.TimeoutExpired:
+        cpu = psutil.Process(process.pid).cpu_percent(interval=0.5)
+        pytest.fail(f"still running {HANGUP_EXIT_S} s after the terminal went away, using {cpu:.0f}% CPU")
+    assert time.monotonic() - started < HANGUP_EXIT_S
+
+
+@pytest.fixture(params=["replay", "watch"])
+def dashboard_args(request: pytest.FixtureRequest, recording: Path, tmp_path: Path) -> tuple[list[str], dict]:
+    if request.param == "replay":
+        return ["replay", str(recording), "--speed", "0.5"], {}
+    return ["watch"], {"TUIMON_RUNTIME_DIR": str(tmp_path / "runtime")}
+
+
+def test_sighup_ends_the_dashboard(dashboard_args: tuple[list[str], dict]) -> None:
+    args, env = dashboard_args
+    terminal = Terminal(args, env, controlling=True)
+    try:
+        terminal.read_until(b"Quit")
+        terminal.process.send_signal(signal.SIGHUP)
+        assert_exits_quickly(terminal.process)
+        assert terminal.process.returncode == 0  # a clean exit, not death by signal
+    finally:
+        terminal.kill()
+
+
+def test_closing_the_terminal_ends_the_dashboard(dashboard_args: tuple[list[str], dict]) -> None:
+    args, env = dashboard_args
+    terminal = Terminal(args, env, controlling=True)
+    try:
+        terminal.read_until(b"Quit")
+        terminal.close()  # the SSH connection drops: the kernel hangs up the terminal
+        assert_exits_quickly(terminal.process)
+    finally:
+        terminal.kill()
+
+
+def test_a_dead_terminal_without_sighup_ends_the_dashboard(dashboard_args: tuple[list[str], dict]) -> None:
+    """No controlling terminal (or SIGHUP ignored): Textual alone would spin a core here."""
+    args, env = dashboard_args
+    terminal = Terminal(args, env, controlling=False)
+    try:
+        terminal.read_until(b"Quit")
+        terminal.close()
+        assert_exits_quickly(terminal.process)
+    finally:
+        terminal.kill()

@@ -1,0 +1,267 @@
+"""Training invariants on real CPU training loops (single process).
+
+The fault and healthy scripts live in tests/faults/ (each also runs standalone); here every script
+is run with the model given (as ``Monitor(model=...)``) and without it (zero-code mode: the model
+is discovered at a forward). Further tests pin down the checker's contract with the Monitor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from publisher.event_kinds import EVENT_KINDS
+from publisher.invariants import INVARIANT_NAMES, InvariantChecker, InvariantConfig
+
+FAULTS = Path(__file__).resolve().parent / "faults"
+sys.path.insert(0, str(FAULTS))
+
+import _harness as h  # noqa: E402  (the scripts import it by this name too)
+
+
+def _cases(prefix: str) -> list:
+    modules = sorted(p.stem for p in FAULTS.glob(f"{prefix}_*.py"))
+    cases = [importlib.import_module(name).CASE for name in modules]
+    return [pytest.param(case, id=case.name) for case in cases if case.world_size == 1]
+
+
+@pytest.mark.parametrize("model_known", [True, False], ids=["model", "no-model"])
+@pytest.mark.parametrize("case", _cases("fault"))
+def test_fault_is_detected_soon_after_its_trigger(case: h.Case, model_known: bool) -> None:
+    recordings = h.run_case(case, model_known=model_known)
+    verdict = h.judge(case, recordings)
+    assert verdict.passed, verdict.problems
+    for kind in case.expect:
+        event = next(e for e in recordings[0].events(kind))
+        assert event["severity"] == EVENT_KINDS[kind].default_severity
+        assert event["message"] and isinstance(event["details"], dict)
+
+
+@pytest.mark.parametrize("model_known", [True, False], ids=["model", "no-model"])
+@pytest.mark.parametrize("case", _cases("healthy"))
+def test_healthy_run_raises_no_alarm(case: h.Case, model_known: bool) -> None:
+    recordings = h.run_case(case, model_known=model_known)
+    verdict = h.judge(case, recordings)
+    assert verdict.passed, verdict.problems
+    final = h.final_statuses(recordings[0])
+    assert not [name for name, state in final.items() if state["status"] == "violated"]
+    # The healthy suite must also have checked something, not only stayed quiet.
+    assert final["params_receive_grads"]["status"] == "ok"
+
+
+def _load(name: str) -> h.Case:
+    return importlib.import_module(name).CASE
+
+
+def test_events_name_the_culprits() -> None:
+    [detached] = h.run_case(_load("fault_detached_subgraph"))
+    [event] = detached.events("missing_gradient")
+    assert sorted(event["details"]["params"]) == sorted(
+        ["branch_b.0.weight", "branch_b.0.bias", "branch_b.2.weight", "branch_b.2.bias"])
+    [frozen] = h.run_case(_load("fault_frozen_optimizer"))
+    [unowned] = frozen.events("unowned_parameters")
+    assert unowned["severity"] == "info"
+    assert unowned["details"]["params"] == ["head.weight", "head.bias"]
+    [lr] = h.run_case(_load("fault_lr_decay_to_zero"))
+    [event] = lr.events("optimizer_noop")
+    assert event["details"]["lr_zero_since_step"] == 10
+
+
+def test_without_a_model_parameters_are_named_after_the_modules_found() -> None:
+    model = h.mlp()
+    model[2].requires_grad_(True)
+    recording = h.Recording()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checker = InvariantChecker([optimizer], None, emit_event=recording.emit_event,
+                               emit_status=recording.emit_status)
+    cut = lambda x: model[2](model[1](model[0](x)).detach())  # noqa: E731  (first layer cut off)
+    for _, batch in h.batches(8):
+        h.train_step(cut, optimizer, batch)
+    checker.close()
+    [event] = recording.events("missing_gradient")
+    # No module holds the whole model: each layer called on its own is found as a root.
+    assert event["details"]["params"] == ["Linear.weight", "Linear.bias"]
+
+
+def _record(optimizers, model, config=None):
+    recording = h.Recording()
+    checker = InvariantChecker(optimizers, model, emit_event=recording.emit_event,
+                               emit_status=recording.emit_status, config=config)
+    return recording, checker
+
+
+def test_every_invariant_starts_unchecked_and_statuses_are_published_only_on_change() -> None:
+    model = h.mlp((8, 32, 1), dropout=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    recording, checker = _record([optimizer], model)
+    start = list(recording.messages)
+    assert [m["name"] for m in start] == list(INVARIANT_NAMES)
+    assert {m["status"] for m in start} == {"unchecked"}
+    for _, batch in h.batches(60):
+        h.train_step(model, optimizer, batch)
+    checker.close()
+    for name in INVARIANT_NAMES:
+        statuses = [m["status"] for m in recording.statuses(name)]
+        assert all(a != b for a, b in zip(statuses, statuses[1:], strict=False)), (name, statuses)
+    current = checker.statuses()
+    assert set(current) == set(INVARIANT_NAMES)
+    assert current["optimizer_changes_params"]["status"] == "ok"
+    assert current["optimizer_changes_params"]["step"] >= 55  # last checked step, not the first
+    replicas = current["replicas_consistent"]
+    assert replicas["status"] == "unchecked" and "single process" in replicas["message"]
+
+
+def test_one_event_per_episode_and_a_new_episode_after_recovery() -> None:
+    model = h.mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    recording, checker = _record([optimizer], model)
+    forgets = set(range(6, 30)) | set(range(45, 60))
+    for step, batch in h.batches(70):
+        if step not in forgets:
+            optimizer.zero_grad()
+        h.backward(model, batch)
+        optimizer.step()
+    checker.close()
+    steps = [e["step"] for e in recording.events("stale_gradients")]
+    assert len(steps) == 2, steps
+    assert 6 <= steps[0] <= 11 and 45 <= steps[1] <= 51
+    assert [m["status"] for m in recording.statuses("grads_cleared")] == [
+        "unchecked", "ok", "violated", "ok", "violated", "ok"]
+
+
+def test_close_removes_every_hook_and_stops_reporting() -> None:
+    model = h.mlp((8, 32, 1), dropout=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    recording, checker = _record([optimizer], None)  # no model: the global discovery hook too
+    for _, batch in h.batches(7):
+        h.train_step(model, optimizer, batch)
+    checker.close()
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    assert all(not p._backward_hooks for p in model.parameters())
+    assert all(not m._forward_pre_hooks for m in model.modules())
+    assert not nn.modules.module._global_forward_pre_hooks
+    before = len(recording.messages)
+    for step, batch in h.batches(20):
+        if step % 2:
+            optimizer.zero_grad()  # would be stale gradients
+        h.backward(model, batch)
+        optimizer.step()
+    assert len(recording.messages) == before
+
+
+def test_optimizer_added_later_is_watched_and_the_model_found_at_a_forward() -> None:
+    """Zero-code mode: created with no optimizer and no model, optimizers added as they appear."""
+    generator, discriminator = h.mlp((4, 16, 2), seed=1), h.mlp((2, 16, 16, 1), dropout=0.2, seed=2)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=1e-3)
+    recording, checker = _record([], None)
+    bce = nn.BCEWithLogitsLoss()
+    g = torch.Generator().manual_seed(0)
+    for step in range(30):
+        if step == 0:
+            checker.add_optimizer(opt_d)
+        if step == 12:
+            discriminator.eval()  # left in eval mode: found only through the discovered root
+        fake = generator(torch.randn(16, 4, generator=g))
+        opt_d.zero_grad()
+        real_score, fake_score = discriminator(torch.randn(16, 2, generator=g)), discriminator(fake.detach())
+        (bce(real_score, torch.ones_like(real_score)) + bce(fake_score, torch.zeros_like(fake_score))).backward()
+        opt_d.step()
+        if step == 0:
+            checker.add_optimizer(opt_g)
+            checker.add_optimizer(opt_g)  # twice is harmless
+        opt_g.zero_grad()
+        fake_score = discriminator(fake)
+        bce(fake_score, torch.ones_like(fake_score)).backward()
+        opt_g.step()
+    checker.close()
+    assert [e["kind"] for e in recording.alarms()] == ["eval_mode_training"]
+    assert 12 <= recording.alarms()[0]["step"] <= 17
+    assert checker.statuses()["optimizer_owns_trainables"]["status"] == "ok"
+
+
+def test_disabled_invariants_stay_unchecked_and_silent() -> None:
+    config = InvariantConfig(disabled=frozenset({"grads_cleared"}))
+    model = h.mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    recording, checker = _record([optimizer], model, config)
+    for _, batch in h.batches(20):
+        h.backward(model, batch)  # zero_grad never called
+        optimizer.step()
+    checker.close()
+    assert not recording.events("stale_gradients")
+    status = checker.statuses()["grads_cleared"]
+    assert status["status"] == "unchecked" and "disabled" in status["message"]
+
+
+@pytest.mark.parametrize("bad", [{"grad_window": 0}, {"check_every": 2.5}, {"replica_rtol": -1.0},
+                                 {"disabled": frozenset({"no_such_invariant"})}])
+def test_bad_configuration_is_refused_with_a_clear_error(bad: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad)) if "disabled" not in bad else "unknown invariants"):
+        InvariantConfig(**bad)
+
+
+def test_a_check_that_breaks_is_switched_off_and_training_goes_on(caplog) -> None:
+    """A dry run on the meta device: values cannot be read back, training must still run."""
+    model = nn.Linear(4, 2, device="meta")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recording, checker = _record([optimizer], model)
+    for _ in range(8):
+        optimizer.zero_grad()
+        model(torch.randn(3, 4, device="meta")).sum().backward()
+        optimizer.step()
+    checker.close()
+    broken = checker.statuses()["params_receive_grads"]
+    assert broken["status"] == "unchecked" and "internal error" in broken["message"]
+    assert checker.statuses()["grads_cleared"]["status"] == "ok"  # the other checks carry on
+    assert "switched off" in caplog.text
+
+
+def test_an_emitter_that_raises_never_breaks_the_training_step(caplog) -> None:
+    def refuse(*args) -> None:
+        raise RuntimeError("publisher queue closed")
+
+    model = h.mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    checker = InvariantChecker([optimizer], model, emit_event=refuse, emit_status=refuse)
+    for _, batch in h.batches(15):
+        h.backward(model, batch)  # no zero_grad: a violation to emit
+        optimizer.step()
+    checker.close()
+    assert checker.statuses()["grads_cleared"]["status"] == "violated"
+    assert "publisher queue closed" in caplog.text
+
+
+def test_a_subclass_calling_super_step_and_a_step_that_raised_count_as_one_step_each() -> None:
+    """torch fires the step hooks twice for ``super().step()`` once the base class was used."""
+
+    class Flaky(torch.optim.SGD):
+        fail = False
+
+        def step(self, closure=None):
+            if self.fail:
+                raise RuntimeError("out of memory (simulated by the training code)")
+            return super().step(closure)
+
+    torch.optim.SGD(h.mlp().parameters(), lr=0.1)  # the base class's step is now hooked as well
+    model = h.mlp()
+    optimizer = Flaky(model.parameters(), lr=0.02)
+    recording, checker = _record([optimizer], model)
+    for step, batch in h.batches(24):
+        if step < 12:
+            optimizer.zero_grad()
+        h.backward(model, batch)
+        optimizer.fail = step == 4
+        try:
+            optimizer.step()
+        except RuntimeError:
+            pass  # the loop skips the failed step, as OOM-tolerant loops do
+    checker.close()
+    [stale] = recording.events("stale_gradients")
+    assert 11 <= stale["step"] <= 16  # counted once per call: the 13th counted step is index 11
+    assert checker.statuses()["optimizer_changes_params"]["step"] <= 22

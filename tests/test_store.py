@@ -1,0 +1,197 @@
+"""The viewer's store: what the panels will show after a given sequence of messages."""
+
+from __future__ import annotations
+
+import math
+
+from conftest import RunBuilder, synthetic_run
+
+from tuimon.store import GPU_HISTORY, SERIES_CAPACITY, STALE_AFTER_S, Series, Store
+
+
+class Clock:
+    """A time source the test moves by hand (the store's clock is a parameter for replays too)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_event_update_replaces_the_episode_in_place() -> None:
+    store = Store()
+    run = RunBuilder("r")
+    store.apply_batch(
+        [
+            run.run_start(),
+            run.event(10, "0-1", "loss_spike", "warning", "first", count=1, value=5.0),
+            run.event(12, "0-2", "gpu_throttle", "warning", "hot"),
+        ]
+    )
+    first_seen = store.events("r")[0].first_ts
+    run.ts += 5
+    store.apply_batch([run.event(10, "0-1", "loss_spike", "critical", "again", count=3, value=9.0)])
+
+    events = store.events("r")
+    assert [e.id for e in events] == ["0-1", "0-2"]  # the episode keeps its place
+    assert (events[0].count, events[0].severity, events[0].message) == (3, "critical", "again")
+    assert events[0].details["value"] == 9.0
+    assert events[0].first_ts == first_seen and events[0].ts == first_seen + 5
+
+
+def test_gaps_are_counted_per_sender_and_a_restart_is_not_a_gap() -> None:
+    store = Store()
+    rank0, rank1 = RunBuilder("r", 0), RunBuilder("r", 1)
+    batch = [rank0.metrics(0, loss=1.0), rank0.metrics(1, loss=1.0)]
+    rank0.seq += 3  # three messages of rank 0 lost on the way
+    batch += [rank0.metrics(2, loss=1.0), rank1.metrics(0, loss=1.0), rank1.metrics(1, loss=1.0)]
+    store.apply_batch(batch)
+    assert store.counters().gaps == 3
+    assert store.run_view("r").gaps == 3
+
+    restarted = RunBuilder("r", 1)  # same run and rank, new process: seq starts again at 0
+    store.apply_batch([restarted.run_start(), restarted.metrics(0, loss=2.0)])
+    assert store.counters().gaps == 3
+
+
+def test_health_goes_stale_without_heartbeats_and_ended_after_run_end() -> None:
+    clock = Clock()
+    store = Store(clock)
+    run = RunBuilder("r")
+    store.apply_batch([run.run_start(), run.heartbeat(0)])
+    assert store.run_view("r").health == "live"
+    clock.now += STALE_AFTER_S - 0.5
+    assert store.run_view("r").health == "live"
+    clock.now += 1.0
+    assert store.run_view("r").health == "stale"
+    store.apply_batch([run.heartbeat(1)])
+    assert store.run_view("r").health == "live"
+    store.apply_batch([run.message("run_end", step=1, status="failed", error="CUDA error")])
+    clock.now += 60
+    view = store.run_view("r")
+    assert (view.health, view.end_status, view.end_error) == ("ended", "failed", "CUDA error")
+
+
+def test_a_run_with_two_ranks_ends_when_both_ended() -> None:
+    store = Store()
+    rank0, rank1 = RunBuilder("r", 0), RunBuilder("r", 1)
+    store.apply_batch(
+        [rank0.run_start(), rank1.run_start(), rank0.message("run_end", step=3, status="completed")]
+    )
+    assert store.run_view("r").health == "live"
+    store.apply_batch([rank1.message("run_end", step=3, status="interrupted")])
+    view = store.run_view("r")
+    assert (view.health, view.end_status, view.ranks) == ("ended", "interrupted", (0, 1))
+
+
+def test_replay_stamps_use_message_time() -> None:
+    clock = Clock(now=0.0)
+    store = Store(clock, stamp_with_message_ts=True)
+    run = RunBuilder("r", t0=500.0)
+    store.apply_batch([run.run_start()])
+    clock.now = 500.0 + STALE_AFTER_S + 1
+    assert store.run_view("r").health == "stale"
+
+
+def test_malformed_frames_are_counted_by_reason_with_the_last_one_kept() -> None:
+    store = Store()
+    store.apply_batch(
+        [], received=3, malformed=["not JSON: Expecting value", "message of 2000000 bytes exceeds 1"]
+    )
+    store.count_malformed("protocol version 2, expected 1", where="run.jsonl:17")
+    counters = store.counters()
+    assert counters.received == 4
+    assert counters.malformed == 3
+    assert counters.malformed_by_reason == {"not JSON": 1, "oversized": 1, "wrong version": 1}
+    assert counters.last_malformed == "protocol version 2, expected 1 (run.jsonl:17)"
+
+
+def test_snapshot_is_applied_without_gaps_then_live_messages_continue() -> None:
+    store = Store()
+    run = RunBuilder("r")
+    sent = [run.run_start()] + [run.metrics(step, loss=1.0) for step in range(20)]
+    snapshot = [sent[0], *sent[5:]]  # a snapshot holds a selection: gaps between its seqs are expected
+    later = [run.metrics(20, loss=1.0)]
+    store.apply_snapshot("r", 0, snapshot, seq=sent[-1]["seq"], then=later)
+    assert store.counters().gaps == 0
+    assert store.series("r", "loss")[0] == [*range(4, 21)]
+    run.seq += 1  # one live message lost after the snapshot
+    store.apply_batch([run.metrics(22, loss=1.0)])
+    assert store.counters().gaps == 1
+
+
+def test_series_keep_at_least_their_capacity_and_slice_by_step() -> None:
+    series = Series()
+    total = 2 * SERIES_CAPACITY + 1234
+    for step in range(total):
+        series.append(step, float(step))
+    assert SERIES_CAPACITY <= len(series) < 2 * SERIES_CAPACITY
+    assert series.last() == (total - 1, float(total - 1))
+    steps, values = series.between(total - 10, total + 5)
+    assert steps == list(range(total - 10, total)) and values == [float(s) for s in steps]
+
+
+def test_metric_window_around_an_event_and_nan_kept() -> None:
+    store = Store()
+    store.apply_batch(synthetic_run("r"))
+    window = store.metric_window("r", 200, before=2, after=2, names=["loss", "lr"])
+    steps, losses = window["loss"]
+    assert steps == [198, 199, 200, 201, 202]
+    assert math.isnan(losses[2]) and all(math.isfinite(v) for i, v in enumerate(losses) if i != 2)
+    assert window["lr"][1] == [0.01] * 5
+
+
+def test_run_view_and_gpus_from_a_whole_run() -> None:
+    store = Store()
+    store.apply_batch(synthetic_run("r", steps=300))
+    view = store.run_view("r")
+    assert view.step == 299 and view.hosts == ("testhost",) and view.gpu_simulated
+    assert view.throughput == ("samples_per_s", 1299.0)
+    devices = store.devices("r")
+    assert [d.index for d in devices] == [0, 1, 2, 3]
+    assert devices[2].latest["util"] == 10.0 and devices[2].history["util"][-1] == 10.0
+    assert devices[1].latest["throttle"] == ["hw_thermal"]
+    assert {i.name: i.status for i in store.invariants("r")} == {
+        "optimizer_changes_params": "ok",
+        "grads_cleared": "violated",
+    }
+
+
+def test_gpu_history_is_bounded() -> None:
+    store = Store()
+    run = RunBuilder("r")
+    store.apply_batch([run.gpu(step, [50.0]) for step in range(GPU_HISTORY + 50)])
+    assert len(store.devices("r")[0].history["util"]) == GPU_HISTORY
+
+
+def test_versions_move_only_for_the_section_that_changed() -> None:
+    store = Store()
+    run = RunBuilder("r")
+    store.apply_batch([run.run_start(), run.metrics(0, loss=1.0)])
+    before = store.versions("r")
+    store.apply_batch([run.gpu(0, [90.0])])
+    after = store.versions("r")
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {"gpu"}
+
+
+def test_versions_are_never_reused_after_reset() -> None:
+    store = Store()
+    run = RunBuilder("r")
+    store.apply_batch([run.run_start(), run.metrics(0, loss=1.0)])
+    seen = store.versions("r")["metrics"]
+    store.reset()
+    rebuilt = RunBuilder("r")
+    store.apply_batch([rebuilt.run_start(), rebuilt.metrics(0, loss=9.0)])
+    assert store.versions("r")["metrics"] != seen
+    assert store.series("r", "loss")[1] == [9.0]
+
+
+def test_notices_expire() -> None:
+    store = Store()
+    store.set_notice("a", "kept")
+    store.set_notice("b", "gone", ttl_s=-1)
+    assert store.notices() == ["kept"]
+    store.set_notice("a", None)
+    assert store.notices() == []

@@ -1,0 +1,545 @@
+"""``tuimon incidents``: the incident knowledge base from the command line.
+
+Every subcommand takes ``--kb DIR`` (else ``$TUIMON_KB``, the config file's ``kb_dir``, or the
+default); writes take ``--author`` (else ``$TUIMON_AUTHOR``, else the Unix user). ``ID`` is an
+incident number (``12`` or ``#12``), a UUID or a unique UUID prefix. Only the standard library is
+imported at module level (``tuimon --help`` stays instant); the knowledge base loads in handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuimon.kb import Incident, KnowledgeBase
+    from tuimon.kb.incidents import IncidentFilter
+
+OUTCOME_CHOICES = ("helped", "no-effect", "made-worse", "unknown")
+STATUS_CHOICES = ("open", "investigating", "mitigated", "resolved")
+SEVERITY_CHOICES = ("info", "warning", "critical")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "incidents",
+        help="incident knowledge base: notes, runbooks, search, Markdown export",
+        description="Open incidents, record what was tried, follow runbooks, search past incidents, "
+        "and export them to Markdown. See docs/incidents.md.",
+    )
+    commands = parser.add_subparsers(dest="incidents_command", metavar="ACTION", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kb",
+        metavar="DIR",
+        help="knowledge-base folder (default: $TUIMON_KB, config, ~/.local/share/tuimon/kb)",
+    )
+    common.add_argument("--author", help="who writes (default: $TUIMON_AUTHOR, else your user name)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    def add(
+        name: str, handler: Callable[[argparse.Namespace], int], help_text: str
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    new = add("new", _new, "open an incident and print its number")
+    new.add_argument("--title", help="one line (default with --recording: the event's message)")
+    new.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
+    new.add_argument("--severity", choices=SEVERITY_CHOICES, help="default: the event's, else warning")
+    new.add_argument("--run", help="run name")
+    new.add_argument("--host", help="host name")
+    new.add_argument("--rank", type=int, action="append", default=[], help="rank involved (repeatable)")
+    new.add_argument("--steps", metavar="FIRST[-LAST]", help="step or step range")
+    new.add_argument("--tag", action="append", default=[], help="tag (repeatable, or comma-separated)")
+    new.add_argument("--summary", default="", help="what happened, in a few sentences")
+    new.add_argument(
+        "--recording",
+        type=Path,
+        metavar="FILE",
+        help="open from an event of a recording (--record FILE of a run), capturing its context",
+    )
+    new.add_argument("--event", metavar="EVENT_ID", help="with --recording: the event's id (e.g. 0-17)")
+    new.add_argument("--window", type=int, default=50, help="steps of metrics kept each side (default 50)")
+
+    listing = add("list", _list, "list incidents, most recently active first")
+    _filters(listing)
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50, 0: all)")
+
+    show = add("show", _show, "show one incident as Markdown (or JSON)")
+    show.add_argument("id", metavar="ID")
+
+    find = add("search", _search, 'full-text search: words, "exact phrases", prefix*, OR, NOT')
+    find.add_argument("query", nargs="+", metavar="QUERY")
+    _filters(find)
+    find.add_argument("--limit", type=int, default=20, help="at most this many results (default 20)")
+
+    note = add("add-note", _add_note, "add a note to the timeline ('-' reads it from stdin)")
+    note.add_argument("id", metavar="ID")
+    note.add_argument("text", metavar="TEXT")
+    note.add_argument("--result", action="store_true", help="record it as a result (what was observed)")
+
+    tried = add("tried", _tried, "record something tried and its outcome")
+    tried.add_argument("id", metavar="ID")
+    tried.add_argument("text", metavar="TEXT")
+    tried.add_argument("--outcome", choices=OUTCOME_CHOICES, default="unknown", help="default: unknown")
+    tried.add_argument("--step", type=int, help="training step at which it was applied")
+
+    status = add("status", _status, "change an incident's status")
+    status.add_argument("id", metavar="ID")
+    status.add_argument("status", choices=STATUS_CHOICES)
+    status.add_argument("--note", default="", help="why (added to the status-change entry)")
+
+    edit = add("edit", _edit, "change fields and tags of an incident")
+    edit.add_argument("id", metavar="ID")
+    edit.add_argument("--title")
+    edit.add_argument("--severity", choices=SEVERITY_CHOICES)
+    edit.add_argument("--run")
+    edit.add_argument("--host")
+    for field in ("summary", "trigger", "detection", "root-cause", "resolution"):
+        edit.add_argument(f"--{field}", metavar="TEXT", help="'-' reads it from stdin")
+    edit.add_argument("--tag", action="append", default=[], help="add a tag (repeatable)")
+    edit.add_argument("--untag", action="append", default=[], help="remove a tag (repeatable)")
+    edit.add_argument("--kind", action="append", default=[], help="add an event kind (repeatable)")
+
+    tick = add("tick", _tick, "tick (or untick) a runbook step of an incident")
+    tick.add_argument("id", metavar="ID")
+    tick.add_argument("step", metavar="STEP", help="step id, e.g. check-2 (see 'tuimon incidents show')")
+    tick.add_argument("--runbook", help="runbook name (needed when several runbooks match)")
+    tick.add_argument("--undo", action="store_true", help="untick the step")
+
+    seen = add("similar", _similar, "past incidents of these kinds and what helped")
+    seen.add_argument("kind", nargs="+", metavar="KIND")
+    seen.add_argument("--limit", type=int, default=5)
+
+    books = add("runbooks", _runbooks, "list runbooks (and broken runbook files), or show one as a checklist")
+    books.add_argument("name", nargs="?", metavar="NAME")
+
+    export = add("export", _export, "write incidents as Markdown files (all of them if no ID)")
+    export.add_argument("--out", type=Path, required=True, metavar="DIR")
+    export.add_argument("ids", nargs="*", metavar="ID")
+
+    importing = add("import", _import, "merge exported Markdown files (folders or files) by incident id")
+    importing.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+
+    add("where", _where, "show which knowledge base is used and why")
+
+
+def _filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--status", action="append", default=[], choices=STATUS_CHOICES, help="repeatable")
+    parser.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
+    parser.add_argument("--tag", action="append", default=[], help="tag (repeatable)")
+    parser.add_argument("--run", help="run name")
+    parser.add_argument("--since", metavar="DATE", help="created on or after (YYYY-MM-DD[THH:MM])")
+    parser.add_argument("--until", metavar="DATE", help="created on or before (YYYY-MM-DD[THH:MM])")
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _open(args: argparse.Namespace) -> KnowledgeBase:
+    from tuimon.kb import KnowledgeBase
+
+    return KnowledgeBase.open(args.kb, author=args.author)
+
+
+def _text(value: str) -> str:
+    return sys.stdin.read() if value == "-" else value
+
+
+def _filter(args: argparse.Namespace) -> IncidentFilter:
+    from tuimon.kb.incidents import IncidentFilter
+    from tuimon.kb.model import labels, parse_date
+
+    return IncidentFilter(
+        statuses=tuple(args.status),
+        kinds=labels(args.kind, "kind"),
+        tags=labels(args.tag, "tag"),
+        run=args.run,
+        since=parse_date(args.since) if args.since else None,
+        until=parse_date(args.until, end=True) if args.until else None,
+    )
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _row(incident: Incident) -> str:
+    kinds = ",".join(incident.kinds) or "-"
+    return (
+        f"#{incident.number:<5} {incident.status:<13} {incident.severity:<8} {kinds[:24]:<24} "
+        f"{incident.updated_at[:16].replace('T', ' ')}  {incident.title}"
+    )
+
+
+def _highlighter() -> tuple[str, str]:
+    """Bold on a terminal (unless NO_COLOR), brackets in files and pipes."""
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        return "\033[1;4m", "\033[0m"
+    return "[", "]"
+
+
+# -- handlers ------------------------------------------------------------------------------------
+
+
+def _steps(text: str | None) -> tuple[int | None, int | None]:
+    from tuimon.errors import UserError
+
+    if not text:
+        return None, None
+    first, _, last = text.partition("-")
+    try:
+        return int(first), int(last or first)
+    except ValueError:
+        raise UserError(f"--steps takes FIRST or FIRST-LAST, not {text!r}") from None
+
+
+def _new(args: argparse.Namespace) -> int:
+    from tuimon.errors import UserError
+    from tuimon.kb import IncidentDraft
+
+    if (args.recording is None) != (args.event is None):
+        raise UserError("--recording and --event go together")
+    with _open(args) as kb:
+        if args.recording is not None:
+            incident = kb.open_from_recording(
+                args.recording,
+                args.event,
+                window=args.window,
+                title=args.title,
+                tags=args.tag,
+                summary=args.summary,
+                severity=args.severity,
+            )
+            if args.kind:
+                incident = kb.update(incident.number, add_kinds=args.kind)
+        else:
+            if not args.title:
+                raise UserError("give --title (or --recording FILE --event ID)")
+            first, last = _steps(args.steps)
+            incident = kb.open_incident(
+                IncidentDraft(
+                    title=args.title,
+                    kinds=args.kind,
+                    severity=args.severity or "warning",
+                    run=args.run,
+                    host=args.host,
+                    ranks=args.rank,
+                    step_first=first,
+                    step_last=last,
+                    tags=args.tag,
+                    summary=args.summary,
+                )
+            )
+        if args.json:
+            _print_json(incident.to_json())
+        else:
+            print(incident.number)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        found = kb.list_incidents(_filter(args), limit=args.limit or None)
+        if args.json:
+            _print_json([incident.to_json() for incident in found])
+        elif not found:
+            print("no incidents match" if _filter(args).active else f"no incidents yet in {kb.location.path}")
+        else:
+            for incident in found:
+                print(_row(incident))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        if args.json:
+            number = kb.resolve(args.id)
+            _print_json(
+                {
+                    "incident": kb.get(number).to_json(),
+                    "timeline": [entry.to_json() for entry in kb.timeline(number)],
+                    "context": [record.to_json() for record in kb.context(number)],
+                    "runbooks": [
+                        {
+                            "runbook": state.runbook.name,
+                            "steps": [
+                                {
+                                    "id": s.step.id,
+                                    "group": s.step.group,
+                                    "text": s.step.text,
+                                    "checked": s.checked,
+                                    "by": s.by,
+                                    "at": s.at,
+                                }
+                                for s in state.steps
+                            ],
+                        }
+                        for state in kb.progress(number)
+                    ],
+                }
+            )
+        else:
+            sys.stdout.write(kb.render(args.id))
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        hits = kb.search(" ".join(args.query), where=_filter(args), limit=args.limit)
+        if args.json:
+            _print_json(
+                [
+                    {
+                        "incident": hit.incident.to_json(),
+                        "score": hit.score,
+                        "matched": hit.matched,
+                        "snippet": hit.snippet.marked(),
+                        "entry_id": hit.entry_id,
+                        "outcome": hit.outcome,
+                    }
+                    for hit in hits
+                ]
+            )
+            return 0
+        if not hits:
+            print("no matches")
+        opening, closing = _highlighter()
+        for hit in hits:
+            print(_row(hit.incident))
+            where = hit.matched + (f" ({hit.outcome.replace('_', ' ')})" if hit.outcome else "")
+            print(f"        {where}: {hit.snippet.marked(opening, closing)}")
+    return 0
+
+
+def _print_entry(args: argparse.Namespace, entry: Any) -> None:
+    if args.json:
+        _print_json(entry.to_json())
+    else:
+        print(f"added {entry.type.replace('_', ' ')} to #{entry.incident}")
+
+
+def _add_note(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        text = _text(args.text)
+        entry = kb.add_result(args.id, text) if args.result else kb.add_note(args.id, text)
+        _print_entry(args, entry)
+    return 0
+
+
+def _tried(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        _print_entry(args, kb.add_tried(args.id, _text(args.text), args.outcome, step=args.step))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        entry = kb.set_status(args.id, args.status, note=args.note)
+        if entry is None:
+            incident = kb.get(args.id)
+            print(f"#{incident.number} is already {incident.status}")
+        else:
+            _print_entry(args, entry)
+    return 0
+
+
+def _edit(args: argparse.Namespace) -> int:
+    fields = {
+        name: _text(value) if name not in ("title", "severity", "run", "host") else value
+        for name, value in (
+            ("title", args.title),
+            ("severity", args.severity),
+            ("run", args.run),
+            ("host", args.host),
+            ("summary", args.summary),
+            ("trigger", args.trigger),
+            ("detection", args.detection),
+            ("root_cause", args.root_cause),
+            ("resolution", args.resolution),
+        )
+        if value is not None
+    }
+    with _open(args) as kb:
+        incident = kb.update(
+            args.id, add_tags=args.tag, remove_tags=args.untag, add_kinds=args.kind, **fields
+        )
+        if args.json:
+            _print_json(incident.to_json())
+        else:
+            print(f"updated #{incident.number}")
+    return 0
+
+
+def _tick(args: argparse.Namespace) -> int:
+    from tuimon.errors import UserError
+
+    with _open(args) as kb:
+        name = args.runbook
+        if name is None:
+            states = kb.progress(args.id)
+            having = [s.runbook.name for s in states if s.runbook.step(args.step) is not None]
+            if len(having) != 1:
+                choices = ", ".join(s.runbook.name for s in states) or "none match this incident's kinds"
+                raise UserError(f"say which runbook with --runbook ({choices})")
+            name = having[0]
+        _print_entry(args, kb.tick_step(args.id, name, args.step, checked=not args.undo))
+    return 0
+
+
+def _similar(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        seen = kb.seen_before(args.kind, limit=args.limit)
+        if args.json:
+            _print_json(
+                {
+                    "kinds": list(seen.kinds),
+                    "total": seen.total,
+                    "resolved": seen.resolved,
+                    "incidents": [incident.to_json() for incident in seen.incidents],
+                    "remedies": [
+                        {
+                            "text": r.text,
+                            "outcome": r.outcome,
+                            "times": r.times,
+                            "incidents": list(r.incidents),
+                        }
+                        for r in seen.remedies
+                    ],
+                }
+            )
+            return 0
+        print(seen.headline())
+        for incident in seen.incidents:
+            print(_row(incident))
+        for remedy in seen.remedies:
+            where = ", ".join(f"#{n}" for n in remedy.incidents)
+            print(f"  {remedy.outcome.replace('_', ' '):<11} {remedy.times}x  {remedy.text}  ({where})")
+    return 0
+
+
+def _runbooks(args: argparse.Namespace) -> int:
+    from tuimon.errors import UserError
+
+    with _open(args) as kb:
+        library = kb.runbooks
+        if args.name:
+            book = library.runbooks.get(args.name)
+            if book is None:
+                raise UserError(f"no runbook {args.name!r} (see 'tuimon incidents runbooks')")
+            if args.json:
+                _print_json([{"id": s.id, "group": s.group, "text": s.text} for s in book.steps()])
+            else:
+                print(f"{book.title}  ({book.path})")
+                group = None
+                for step in book.steps():
+                    if step.group != group:
+                        group = step.group
+                        print(f"\n{group}")
+                    print(f"  [ ] {step.id:<18} {' '.join(step.text.split())}")
+            return 0
+        if args.json:
+            _print_json(
+                {
+                    "runbooks": [
+                        {"name": b.name, "title": b.title, "kinds": list(b.kinds), "path": str(b.path)}
+                        for b in library.runbooks.values()
+                    ],
+                    "problems": [str(problem) for problem in library.problems],
+                }
+            )
+        else:
+            for book in library.runbooks.values():
+                print(f"{book.name:<22} {', '.join(book.kinds):<28} {book.title}")
+            for problem in library.problems:
+                print(f"tuimon: skipped runbook {problem}", file=sys.stderr)
+    return 1 if library.problems else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        show_progress = sys.stderr.isatty() and not args.json
+
+        def progress(done: int, total: int) -> None:
+            if show_progress and (done == total or done % 100 == 0):
+                print(
+                    f"\rexported {done}/{total}",
+                    end="\n" if done == total else "",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        report = kb.export(args.out, args.ids, on_progress=progress)
+        if args.json:
+            _print_json(
+                {
+                    name: [str(p) for p in getattr(report, name)]
+                    for name in ("written", "unchanged", "removed")
+                }
+            )
+        else:
+            print(
+                f"{len(report.written)} written, {len(report.unchanged)} unchanged, "
+                f"{len(report.removed)} renamed away, in {args.out}"
+            )
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        report = kb.import_files(args.paths)
+        created = sum(outcome.created for _, outcome in report.imported)
+        entries = sum(outcome.entries_added for _, outcome in report.imported)
+        updated = sum(outcome.fields_updated for _, outcome in report.imported)
+        if args.json:
+            _print_json(
+                {
+                    "imported": [
+                        {
+                            "path": str(path),
+                            "number": o.number,
+                            "created": o.created,
+                            "fields_updated": o.fields_updated,
+                            "entries_added": o.entries_added,
+                            "context_added": o.context_added,
+                        }
+                        for path, o in report.imported
+                    ],
+                    "problems": [str(problem) for problem in report.problems],
+                }
+            )
+        else:
+            print(
+                f"{len(report.imported)} files read: {created} new incidents, {updated} updated, "
+                f"{entries} timeline entries added"
+            )
+        for problem in report.problems:
+            print(f"tuimon: skipped {problem}", file=sys.stderr)
+    return 1 if report.problems else 0
+
+
+def _where(args: argparse.Namespace) -> int:
+    with _open(args) as kb:
+        info = {
+            "path": str(kb.location.path),
+            "database": str(kb.location.db_path),
+            "chosen_by": kb.location.source,
+            "runbooks": str(kb.location.runbooks_dir),
+            "schema_version": kb.schema_version,
+            "incidents": kb.count(),
+            "author": kb.author,
+        }
+        if args.json:
+            _print_json(info)
+        else:
+            for key, value in info.items():
+                print(f"{key.replace('_', ' ') + ':':<16} {value}")
+    return 0
