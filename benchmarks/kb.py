@@ -237,9 +237,9 @@ def build(db_path: Path, incidents: int, entries: int, seed: int = 0) -> float:
     def load() -> None:
         with schema.indexes_suspended(db):
             db.conn.executemany(
-                "INSERT INTO incidents (number, id, title, status, severity, run, host, ranks, step_first, step_last, "
-                "kinds, tags, summary, root_cause, resolution, created_at, created_by, updated_at, updated_by, "
-                "resolved_at, resolved_by) VALUES (" + ", ".join("?" * 21) + ")",
+                "INSERT INTO incidents (number, id, title, status, severity, run, host, ranks, step_first, "
+                "step_last, kinds, tags, summary, root_cause, resolution, created_at, created_by, "
+                "updated_at, updated_by, resolved_at, resolved_by) VALUES (" + ", ".join("?" * 21) + ")",
                 incident_rows(),
             )
             db.conn.executemany(

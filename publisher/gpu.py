@@ -126,9 +126,14 @@ class NvmlSource(GpuSource):
         # Names and UUIDs never change: read them once.
         self._names = [self._field(pynvml.nvmlDeviceGetName, h) for h in self._handles]
         self._uuids = [self._field(pynvml.nvmlDeviceGetUUID, h) for h in self._handles]
-        self._throttle_fn = getattr(
-            pynvml, "nvmlDeviceGetCurrentClocksEventReasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        )
+        # Drivers before r535 lack the "ClocksEvent" name of the same call: fall back to the old one.
+        self._throttle_fn = pynvml.nvmlDeviceGetCurrentClocksEventReasons
+        try:
+            self._throttle_fn(self._handles[0])
+        except pynvml.NVMLError_FunctionNotFound:
+            self._throttle_fn = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        except pynvml.NVMLError:
+            pass  # a problem of this device, not of the call: read() reports it per field
 
     def _field(self, fn: Callable[..., Any], *args: Any, index: int | None = None) -> Any:
         """``fn(*args)``, or None if NVML cannot give it (unsupported: silent; other: logged once)."""
@@ -167,7 +172,7 @@ class NvmlSource(GpuSource):
                     "sm_clock_mhz": self._field(
                         nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM, index=index
                     ),
-                    "throttle": [] if reasons is None else decode_throttle(reasons),
+                    "throttle": None if reasons is None else decode_throttle(reasons),
                     "ecc_errors": self._field(
                         nvml.nvmlDeviceGetTotalEccErrors,
                         handle,

@@ -151,9 +151,14 @@ class Monitor:
 
         local_rank = _env_int("LOCAL_RANK") or 0
         self.gpu_source: GpuSource | None = open_gpu_source(gpu) if local_rank == 0 else None
-        self.publisher = Publisher(self.run, self.rank, endpoint=endpoint, record=record)
+        try:
+            self.publisher = Publisher(self.run, self.rank, endpoint=endpoint, record=record)
+        except BaseException:
+            if self.gpu_source is not None:
+                self.gpu_source.close()
+            raise
         chosen = default_detectors() if detectors is True else list(detectors or ())
-        self._detectors = DetectorSet(chosen, self._emit_event, rank=self.rank)
+        self._detectors = DetectorSet(chosen, self._emit_event, rank=self.rank).start()
 
         if seed is None:
             seed = sysinfo.torch_seed()
@@ -270,7 +275,7 @@ class Monitor:
                 finite = finite and math.isfinite(value)
         # Published as it is when every number is finite (the usual case): the wire form costs a copy.
         self.publisher.publish("metrics", step=step, metrics=metrics if finite else wire_numbers(metrics))
-        self._detectors.observe_step(step, metrics)
+        self._detectors.submit_step(step, metrics)
 
     def _budgeted_grad_norm(self) -> torch.Tensor | None:
         """The gradient norm on as many steps as the budget allows, None on the others.
@@ -383,7 +388,7 @@ class Monitor:
         """Sampler thread: publish the reading, then let the GPU detectors look at it."""
         step = self._step or None
         self._publish("gpu", step, simulated=self._gpu_simulated, devices=json_safe(devices))
-        self._detectors.observe_gpu(step, devices)
+        self._detectors.observe_gpu(step, devices, simulated=self._gpu_simulated)
 
     def _training_load(self) -> float:
         """1.0 while steps keep coming (a simulated GPU is then busy), 0.0 once they stop."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from tuimon.receiver import LiveSource
 from tuimon.replay import ReplaySource
 from tuimon.screens.event_detail import EventDetailScreen
 from tuimon.screens.help import HelpScreen
-from tuimon.widgets.charts import MetricChart
+from tuimon.widgets.charts import MetricChart, envelope
 from tuimon.widgets.events import EventLog
-from tuimon.widgets.gpu import GpuCard
+from tuimon.widgets.gpu import GpuCard, GpuPanel
+from tuimon.widgets.header import RunHeader
 from tuimon.widgets.invariants import InvariantTable
 
 SIZE = (160, 48)
@@ -308,3 +310,41 @@ async def test_waiting_screen_when_no_run_is_registered(tmp_path: Path) -> None:
         assert "no run yet" in header and str(tmp_path) in header and "tuimon run" in header
         await pilot.press("enter", "r")  # no event, no run: a notice, not a crash
         assert app.is_running
+
+
+async def test_panels_are_redrawn_only_when_what_they_show_changes(recording: Path) -> None:
+    source = ReplaySource([recording], speed=1.0, paused=True)
+    async with dashboard(source) as (app, pilot):
+        await pilot.press("end")
+        await wait_for_screen(pilot, lambda: "step 299" in text(app, "#header"), what="the end")
+        await wait_for_screen(pilot, lambda: "last" in chart_text(app), what="the chart")
+        await pilot.pause(1.0)  # every panel has drawn the paused state
+        redraws: Counter[str] = Counter()
+        panels = {"header": RunHeader, "gpus": GpuPanel, "invariants": InvariantTable, "events": EventLog}
+        for name, kind in panels.items():
+            widget = app.query_one(kind)
+            widget.show = counted(widget.show, name, redraws)
+        plot = app.query_one(PlotextPlot)
+        plot.refresh = counted(plot.refresh, "chart", redraws)
+        await pilot.pause(2.0)  # 8 number ticks and 2 chart ticks with nothing new
+        assert redraws == Counter()
+        await pilot.press("home")  # the store is rebuilt: everything is drawn again
+        await wait_for_screen(pilot, lambda: set(redraws) == {*panels, "chart"}, what="all panels redrawn")
+
+
+def counted(method: Callable[..., object], name: str, calls: Counter[str]) -> Callable[..., object]:
+    def wrapper(*args: object, **kwargs: object) -> object:
+        calls[name] += 1
+        return method(*args, **kwargs)
+
+    return wrapper
+
+
+def test_chart_envelope_keeps_spikes_and_bounds_the_points() -> None:
+    steps = list(range(200_000))
+    values = [1.0] * len(steps)
+    values[123_457] = 80.0  # a one-step loss spike
+    values[150_000] = math.nan
+    xs, ys = envelope(steps, values, 150)
+    assert len(xs) <= 300 and max(ys) == 80.0 and xs[ys.index(80.0)] == 123_457
+    assert all(math.isfinite(y) for y in ys) and xs == sorted(xs)

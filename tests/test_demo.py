@@ -69,6 +69,8 @@ def test_the_demo_trains_for_real_and_walks_through_its_incidents(
     assert first_of_kind["gpu_imbalance"]["details"]["index"] == 2
     assert first_of_kind["gpu_throttle"]["details"]["index"] == 1
     assert first_of_kind["gpu_throttle"]["details"]["reasons"] == ["hw_thermal"]
+    assert all(e["details"].get("simulated") is True for e in events if e["kind"].startswith("gpu_"))
+    assert not any("simulated" in e["details"] for e in events if not e["kind"].startswith("gpu_"))
     end = messages[-1]
     assert (end["type"], end["status"], end["step"]) == ("run_end", "completed", 2400)
 

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for_screen
-from test_app_cli import Terminal
+from conftest import Terminal, wait_for_screen
 from textual_plotext import PlotextPlot
 
 from tuimon.app import TuimonApp

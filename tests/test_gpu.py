@@ -237,3 +237,6 @@ def test_monitor_publishes_simulated_gpu_messages_whose_load_follows_training(tm
     assert min(gpu[-1]["devices"][i]["util"] for i in (0, 1, 3)) > 85, "training: the GPUs are busy"
     events = [m for m in messages if m["type"] == "event"]
     assert {(e["kind"], e["details"]["index"]) for e in events} == {("gpu_imbalance", 2)}
+    assert all(
+        e["details"]["simulated"] is True and e["message"].startswith("[simulated GPUs] ") for e in events
+    )

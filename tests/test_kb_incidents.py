@@ -14,6 +14,7 @@ import pytest
 from publisher.protocol import encode, make_message
 from tuimon.errors import UserError
 from tuimon.kb import IncidentDraft, IncidentFilter, KnowledgeBase, incidents
+from tuimon.store import Store
 
 
 @pytest.fixture
@@ -22,20 +23,44 @@ def kb(tmp_path: Path) -> Iterator[KnowledgeBase]:
         yield opened
 
 
-def _event(step: int = 1200, kind: str = "loss_spike", event_id: str = "0-3", rank: int = 0, **extra: Any) -> dict:
+def _event(
+    step: int = 1200, kind: str = "loss_spike", event_id: str = "0-3", rank: int = 0, **extra: Any
+) -> dict:
     return make_message(
-        "event", run="gpt-small", rank=rank, host="node7", ts=1_700_000_000.25, seq=42, step=step,
-        id=event_id, severity="warning", kind=kind, message=f"loss 5.1 is 2.3x its recent mean ({kind})",
-        details={"loss": 5.1, "mean": 2.2}, count=1, **extra,
+        "event",
+        run="gpt-small",
+        rank=rank,
+        host="node7",
+        ts=1_700_000_000.25,
+        seq=42,
+        step=step,
+        id=event_id,
+        severity="warning",
+        kind=kind,
+        message=f"loss 5.1 is 2.3x its recent mean ({kind})",
+        details={"loss": 5.1, "mean": 2.2},
+        count=1,
+        **extra,
     )
 
 
 def _run_start() -> dict:
     return make_message(
-        "run_start", run="gpt-small", rank=0, host="node7", ts=1_699_999_000.0, seq=0,
-        config={"lr": 3e-4, "batch": 64}, seed=1234, argv=["train.py", "--lr", "3e-4"], cwd="/src",
-        pid=99, world_size=8, versions={"python": "3.11.7", "torch": "2.13.0"}, gpu_source="nvml",
-        reproduction={"git": {"commit": "abc123", "dirty": False}, "config_hash": "f00d"},
+        "run_start",
+        run="gpt-small",
+        rank=0,
+        host="node7",
+        ts=1_699_999_000.0,
+        seq=0,
+        config={"lr": 3e-4, "batch": 64},
+        seed=1234,
+        argv=["train.py", "--lr", "3e-4"],
+        cwd="/src",
+        pid=99,
+        world_size=8,
+        versions={"python": "3.11.7", "torch": "2.13.0"},
+        gpu_source="nvml",
+        repro={"git": {"commit": "abc123", "dirty": False}, "config_hash": "f00d", "seed": 1234},
     )
 
 
@@ -70,15 +95,26 @@ def test_ambiguous_uuid_prefix_is_refused(kb: KnowledgeBase) -> None:
 
 
 def test_open_from_event_captures_the_evidence(kb: KnowledgeBase) -> None:
-    metrics = {
-        "loss": [(step, 5.1 if step == 1200 else 2.2) for step in range(1000, 1400)],
-        "grad_norm": [(step, math.nan if step == 1201 else 0.5) for step in range(1000, 1400)],
+    steps = list(range(1000, 1400))
+    metrics = {  # the shape of the viewer's Store.metric_window: name -> (steps, values)
+        "loss": (steps, [5.1 if step == 1200 else 2.2 for step in steps]),
+        "grad_norm": (steps, [math.nan if step == 1201 else 0.5 for step in steps]),
     }
     devices = [
         {"index": 0, "name": "H100", "util": 98, "temp_c": 71, "throttle": [], "rank": 0, "host": "node7"},
-        {"index": 0, "name": "H100", "util": 99, "temp_c": 72, "throttle": ["sw_thermal"], "rank": 0, "host": "node7"},
+        {
+            "index": 0,
+            "name": "H100",
+            "util": 99,
+            "temp_c": 72,
+            "throttle": ["sw_thermal"],
+            "rank": 0,
+            "host": "node7",
+        },
     ]
-    incident = kb.open_from_event(_event(), run_start=_run_start(), metrics=metrics, gpu_devices=devices, window=20)
+    incident = kb.open_from_event(
+        _event(), run_start=_run_start(), metrics=metrics, gpu_devices=devices, window=20
+    )
     assert incident.kinds == ("loss_spike",)
     assert (incident.run, incident.host, incident.ranks) == ("gpt-small", "node7", (0,))
     assert (incident.step_first, incident.step_last) == (1200, 1200)
@@ -100,12 +136,68 @@ def test_open_from_event_captures_the_evidence(kb: KnowledgeBase) -> None:
     assert repro["versions"]["torch"] == "2.13.0"
 
 
+def test_open_from_the_viewers_store(kb: KnowledgeBase) -> None:
+    """The path the dashboard's incident screen takes: records and windows from the real Store."""
+    store = Store()
+    messages = [_run_start()]
+    for step in range(1150, 1250):
+        loss = "nan" if step == 1200 else 2.0
+        messages.append(
+            make_message(
+                "metrics",
+                run="gpt-small",
+                rank=0,
+                host="node7",
+                ts=1_700_000_000.0 + step,
+                seq=step,
+                step=step,
+                metrics={"loss": loss, "lr": 3e-4},
+            )
+        )
+    messages.append(
+        make_message(
+            "gpu",
+            run="gpt-small",
+            rank=0,
+            host="node7",
+            ts=1_700_000_100.0,
+            seq=2000,
+            simulated=True,
+            devices=[{"index": 0, "util": 97, "temp_c": 80, "throttle": ["sw_thermal"]}],
+        )
+    )
+    messages.append(_event(kind="nonfinite_loss"))
+    store.apply_batch(messages)
+    record = store.event("gpt-small", "0-3")
+    view = store.run_view("gpt-small")
+    incident = kb.open_from_event(
+        record,
+        run="gpt-small",
+        host=view.hosts[0],
+        run_start=view.run_start,
+        metrics=store.metric_window("gpt-small", record.step, before=10, after=10),
+        gpu_devices=store.devices("gpt-small"),
+        window=10,
+    )
+    assert (incident.run, incident.host, incident.kinds) == ("gpt-small", "node7", ("nonfinite_loss",))
+    context = {record.kind: record.data for record in kb.context(incident.number)}
+    assert context["metrics"]["steps"] == list(range(1190, 1211))
+    assert context["metrics"]["series"]["loss"][10] == "nan"
+    assert context["gpu"]["devices"][0]["throttle"] == ["sw_thermal"]
+    assert context["gpu"]["devices"][0]["rank"] == 0
+    assert context["reproduction"]["git_commit"] == "abc123"
+    [entry] = kb.timeline(incident.number)
+    assert entry.data["run"] == "gpt-small" and entry.data["kind"] == "nonfinite_loss"
+    # Attaching the same record again (as the screen might) adds nothing.
+    assert kb.attach_events(incident.number, [record], run="gpt-small") == []
+
+
 def test_attach_more_events_grows_the_incident(kb: KnowledgeBase) -> None:
     incident = kb.open_from_event(_event())
     added = kb.attach_events(
         incident.number,
         [_event(), _event(step=1500, kind="grad_explosion", event_id="2-9", rank=2)],
-        metrics={"loss": [(1500, 9.0)]},
+        metrics={"loss": ([1500], [9.0])},
     )
     assert [entry.data["id"] for entry in added] == ["2-9"]  # the first one was attached already
     grown = kb.get(incident.number)
@@ -134,8 +226,15 @@ def test_timeline_entries_tried_outcomes_and_status(kb: KnowledgeBase) -> None:
     kb.set_status(number, "investigating")  # reopened
     assert kb.get(number).resolved_at is None
     entries = kb.timeline(number)
-    assert [e.type for e in entries] == ["note", "tried", "tried", "result", "status_change", "status_change",
-                                         "status_change"]
+    assert [e.type for e in entries] == [
+        "note",
+        "tried",
+        "tried",
+        "result",
+        "status_change",
+        "status_change",
+        "status_change",
+    ]
     assert entries[0].text == "first look:\n  grad norm fine"
     assert (entries[1].outcome, entries[1].step) == ("no_effect", 1300)
     assert entries[2].outcome == "helped"
@@ -148,8 +247,13 @@ def test_timeline_entries_tried_outcomes_and_status(kb: KnowledgeBase) -> None:
 def test_update_fields_and_tags(kb: KnowledgeBase) -> None:
     number = kb.open_incident(IncidentDraft(title="t", tags=["a", "b"])).number
     before = kb.get(number)
-    updated = kb.update(number, root_cause="warm-up too short\n\nsee #12", severity="critical", add_tags=["c"],
-                        remove_tags=["a"])
+    updated = kb.update(
+        number,
+        root_cause="warm-up too short\n\nsee #12",
+        severity="critical",
+        add_tags=["c"],
+        remove_tags=["a"],
+    )
     assert updated.root_cause == "warm-up too short\n\nsee #12"
     assert updated.severity == "critical"
     assert updated.tags == ("b", "c")
@@ -202,9 +306,16 @@ def test_seen_before_offers_what_helped_first(kb: KnowledgeBase) -> None:
     seen = kb.seen_before(current.kinds, exclude=current.number)
     assert (seen.total, seen.resolved) == (3, 2)
     assert [incident.status for incident in seen.incidents] == ["resolved", "resolved", "open"]
-    assert [(r.outcome, r.times) for r in seen.remedies] == [("helped", 2), ("no_effect", 2), ("made_worse", 1)]
+    assert [(r.outcome, r.times) for r in seen.remedies] == [
+        ("helped", 2),
+        ("no_effect", 2),
+        ("made_worse", 1),
+    ]
     assert seen.remedies[0].incidents == (1, 2)
-    assert seen.headline() == "seen before: 3 incidents, 2 resolved; helped: Lowered the learning rate to 1e-4 (2x)"
+    assert (
+        seen.headline()
+        == "seen before: 3 incidents, 2 resolved; helped: Lowered the learning rate to 1e-4 (2x)"
+    )
     assert kb.seen_before(["nonfinite_param"]).headline() == "not seen before"
 
 
@@ -230,11 +341,35 @@ def test_open_from_a_recording(kb: KnowledgeBase, tmp_path: Path) -> None:
     recording = tmp_path / "run.jsonl"
     lines = [encode(_run_start())]
     for step in range(1100, 1300):
-        lines.append(encode(make_message("metrics", run="gpt-small", rank=0, host="node7", ts=1_700_000_000 + step,
-                                         seq=step, step=step, metrics={"loss": 2.0, "lr": 3e-4})))
+        lines.append(
+            encode(
+                make_message(
+                    "metrics",
+                    run="gpt-small",
+                    rank=0,
+                    host="node7",
+                    ts=1_700_000_000 + step,
+                    seq=step,
+                    step=step,
+                    metrics={"loss": 2.0, "lr": 3e-4},
+                )
+            )
+        )
     lines.append(b"{not json")
-    lines.append(encode(make_message("gpu", run="gpt-small", rank=0, host="node7", ts=1_700_000_000.0, seq=5000,
-                                     simulated=True, devices=[{"index": 0, "util": 90}])))
+    lines.append(
+        encode(
+            make_message(
+                "gpu",
+                run="gpt-small",
+                rank=0,
+                host="node7",
+                ts=1_700_000_000.0,
+                seq=5000,
+                simulated=True,
+                devices=[{"index": 0, "util": 90}],
+            )
+        )
+    )
     lines.append(encode(_event()))
     recording.write_bytes(b"\n".join(lines) + b"\n")
     incident = kb.open_from_recording(recording, "0-3", window=10)

@@ -82,3 +82,16 @@ def test_shared_group_writable_folder_gives_group_writable_database(tmp_path: Pa
         os.umask(old_umask)
     mode = stat.S_IMODE((shared / "incidents.sqlite3").stat().st_mode)
     assert mode & stat.S_IWGRP, oct(mode)
+
+
+def test_database_from_a_newer_tuimon_is_refused(tmp_path: Path) -> None:
+    with KnowledgeBase.open(tmp_path, author="alice") as kb:
+        kb.open_incident(IncidentDraft(title="kept"))
+        db_path = kb.location.db_path
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO _sqlite_migrations (migration_set, name, applied_at) "
+            "VALUES ('tuimon_kb', 'm999_future', '')"
+        )
+    with pytest.raises(UserError, match=r"written by a newer tuimon .*m999_future.*upgrade tuimon"):
+        KnowledgeBase.open(tmp_path, author="alice")

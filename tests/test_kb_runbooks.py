@@ -83,10 +83,22 @@ def test_shipped_runbook_is_complete(path: Path) -> None:
     [
         (GOOD.replace("**Applies to:** `nccl_hang`", "Applies to nccl_hang"), 3, "Applies to"),
         (GOOD.replace("## Escalation", "## Escalate"), 21, "unknown section 'Escalate'"),
-        (GOOD.replace("- **Verify:** One rank's process is gone.\n", ""), 15, re.escape("has no **Verify:**")),
-        (GOOD.replace("**Component:** infrastructure", "**Component:** network"), 17, "'network' is not one of"),
+        (
+            GOOD.replace("- **Verify:** One rank's process is gone.\n", ""),
+            15,
+            re.escape("has no **Verify:**"),
+        ),
+        (
+            GOOD.replace("**Component:** infrastructure", "**Component:** network"),
+            17,
+            "'network' is not one of",
+        ),
         (GOOD.replace("- **Mitigate:**", "- **Fix:**"), 19, "cause items are"),
-        (GOOD.replace("1. Dump the stacks with `py-spy dump --pid PID`.", "Dump the stacks."), 11, "list of steps"),
+        (
+            GOOD.replace("1. Dump the stacks with `py-spy dump --pid PID`.", "Dump the stacks."),
+            11,
+            "list of steps",
+        ),
         (GOOD.replace("## What to record\n\n- Which rank and why.\n", ""), 25, "missing section"),
         ("", 1, "empty runbook"),
     ],
@@ -102,7 +114,9 @@ def test_broken_team_runbook_is_skipped_and_the_rest_still_load(tmp_path: Path) 
     team.mkdir(parents=True)
     (team / "nccl_hang.md").write_text(GOOD)
     (team / "bad.md").write_text(GOOD.replace("## Symptom", "## Symptoms"))
-    (team / "loss_spike.md").write_text(GOOD.replace("`nccl_hang`", "`loss_spike`").replace("Custom hang", "Ours"))
+    (team / "loss_spike.md").write_text(
+        GOOD.replace("`nccl_hang`", "`loss_spike`").replace("Custom hang", "Ours")
+    )
     (team / "README.md").write_text("# not a runbook\n")
     with KnowledgeBase.open(tmp_path / "kb", author="alice") as kb:
         library = kb.runbooks
@@ -114,5 +128,9 @@ def test_broken_team_runbook_is_skipped_and_the_rest_still_load(tmp_path: Path) 
         incident = kb.open_incident(IncidentDraft(title="hang", kinds=["nccl_hang"]))
         [state] = kb.progress(incident.number)
         assert [s.step.id for s in state.steps] == [
-            "check-1", "cause-1-verify", "cause-1-mitigate", "escalate-1", "record-1",
+            "check-1",
+            "cause-1-verify",
+            "cause-1-mitigate",
+            "escalate-1",
+            "record-1",
         ]

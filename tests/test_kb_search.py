@@ -24,8 +24,11 @@ def _numbers(kb: KnowledgeBase, query: str, **where: object) -> list[int]:
 
 @pytest.fixture
 def filled(kb: KnowledgeBase) -> KnowledgeBase:
-    one = kb.open_incident(IncidentDraft(title="NCCL timeout during all_reduce", kinds=["throughput_drop"],
-                                         tags=["nccl", "network"]))
+    one = kb.open_incident(
+        IncidentDraft(
+            title="NCCL timeout during all_reduce", kinds=["throughput_drop"], tags=["nccl", "network"]
+        )
+    )
     kb.add_note(one.number, "rank 17 stopped answering; NCCL_DEBUG=INFO shows a socket fallback")
     two = kb.open_incident(IncidentDraft(title="Loss spike at step 12000", kinds=["loss_spike"]))
     kb.add_note(two.number, "the grad-norm jumped from 0.3 to 900 at the spike")

@@ -295,3 +295,41 @@ def test_a_script_that_forgets_close_still_completes(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (messages[-1]["type"], messages[-1]["status"]) == ("run_end", "completed")
+
+
+def test_the_reproduction_record_names_the_code_version_and_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    (repo / "train.py").write_text("print('v1')\n")
+    subprocess.run([*git, "-C", str(repo), "add", "train.py"], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "-m", "v1"], check=True)
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    (repo / "train.py").write_text("print('v2, not committed')\n")
+    monkeypatch.chdir(repo)
+    record = tmp_path / "repro.jsonl"
+    with Monitor(run="repro", record=record, gpu="none", config={"b": 2, "a": [1, 2]}, seed=7):
+        pass
+    with Monitor(run="repro2", record=tmp_path / "repro2.jsonl", gpu="none", config={"a": [1, 2], "b": 2}):
+        pass
+    start = messages_in(record)[0]
+    other = messages_in(tmp_path / "repro2.jsonl")[0]
+    assert start["repro"]["git"] == {"commit": commit, "dirty": True}
+    assert start["repro"]["cwd"] == str(repo) and start["seed"] == start["repro"]["seed"] == 7
+    assert start["repro"]["config_hash"] == other["repro"]["config_hash"], "key order does not matter"
+
+
+def test_bad_arguments_fail_at_once_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="cannot publish on 'http://localhost'"):
+        Monitor(run="bad", endpoint="http://localhost", gpu="simulated")
+    with pytest.raises(ValueError, match="unknown GPU source 'tpu'"):
+        Monitor(run="bad", gpu="tpu")
+    mon = Monitor(run="bad-close", gpu="none")
+    with pytest.raises(ValueError, match="status must be one of"):
+        mon.close("done")
+    mon.close("completed")

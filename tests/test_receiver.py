@@ -108,9 +108,9 @@ def test_late_joiner_gets_history_by_snapshot_without_gap_or_duplicate(
         stream.tick()
     last = stream.step - 1
     store = source.store
-    wait_until(lambda: store.series("raw", "loss")[0][-1:] == [last], what="the last step")
+    wait_until(lambda: list(store.series("raw", "loss")[0][-1:]) == [last], what="the last step")
 
-    steps, _ = store.series("raw", "loss")
+    steps = list(store.series("raw", "loss")[0])
     assert steps == list(range(last + 1))  # every step once: nothing missed, nothing twice
     assert store.counters().gaps == 0
     assert [e.kind for e in store.events("raw")] == ["loss_spike"]
@@ -142,7 +142,7 @@ def test_real_publisher_found_in_the_registry_and_joined_mid_run(
         publisher.close()
     store = source.store
     wait_until(lambda: store.run_view("registered").health == "ended", what="the run's end")
-    steps, _ = store.series("registered", "loss")
+    steps = list(store.series("registered", "loss")[0])
     assert steps == list(range(step))
     assert store.counters().gaps == 0
     assert store.run_view("registered").end_status == "completed"
@@ -190,7 +190,9 @@ def test_malformed_oversized_and_wrong_version_frames_are_counted_and_skipped(
     for frame in bad:
         raw_publisher.pub.send(frame)
     raw_publisher.metrics(7, loss=0.5)
-    wait_until(lambda: store.series("raw", "loss")[0] == [7], what="the valid message after the bad ones")
+    wait_until(
+        lambda: list(store.series("raw", "loss")[0]) == [7], what="the valid message after the bad ones"
+    )
     counters = store.counters()
     assert counters.malformed == len(bad)
     assert counters.malformed_by_reason == {

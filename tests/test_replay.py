@@ -71,7 +71,7 @@ def test_bad_lines_are_counted_with_their_line_numbers(tmp_path: Path, players: 
     assert counters.malformed == 2
     assert counters.malformed_by_reason == {"not JSON": 1, "wrong version": 1}
     assert counters.last_malformed.endswith("(run.jsonl:7)")
-    assert player.store.series("synthetic", "loss")[0] == list(range(20))  # nothing else lost
+    assert list(player.store.series("synthetic", "loss")[0]) == list(range(20))  # nothing else lost
 
 
 def test_recordings_are_merged_by_time_keeping_each_file_in_order(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_seek_rebuilds_the_screen_at_the_target(recording: Path, players: list[R
     wait_until(lambda: shown_step(player) is not None and shown_step(player) < 200, what="the middle")
     assert 140 <= shown_step(player) <= 152
     assert [e.id for e in player.store.events("synthetic")] == ["0-1"]
-    assert player.store.series("synthetic", "loss")[0] == list(range(shown_step(player) + 1))
+    assert list(player.store.series("synthetic", "loss")[0]) == list(range(shown_step(player) + 1))
     assert player.store.counters().gaps == 0
     player.seek_relative(-10.0)
     wait_until(lambda: shown_step(player) < 60, what="10 s back")

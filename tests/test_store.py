@@ -115,7 +115,7 @@ def test_snapshot_is_applied_without_gaps_then_live_messages_continue() -> None:
     later = [run.metrics(20, loss=1.0)]
     store.apply_snapshot("r", 0, snapshot, seq=sent[-1]["seq"], then=later)
     assert store.counters().gaps == 0
-    assert store.series("r", "loss")[0] == [*range(4, 21)]
+    assert list(store.series("r", "loss")[0]) == [*range(4, 21)]
     run.seq += 1  # one live message lost after the snapshot
     store.apply_batch([run.metrics(22, loss=1.0)])
     assert store.counters().gaps == 1
@@ -185,7 +185,7 @@ def test_versions_are_never_reused_after_reset() -> None:
     rebuilt = RunBuilder("r")
     store.apply_batch([rebuilt.run_start(), rebuilt.metrics(0, loss=9.0)])
     assert store.versions("r")["metrics"] != seen
-    assert store.series("r", "loss")[1] == [9.0]
+    assert list(store.series("r", "loss")[1]) == [9.0]
 
 
 def test_notices_expire() -> None:

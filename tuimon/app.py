@@ -214,9 +214,9 @@ class TuimonApp(App[None]):
         run = self.run_name
         view = store.run_view(run) if run else None
         versions = store.versions(run) if run else {}
-        header_key = (view, store.source_status(), tuple(store.notices()), int(store.now()))
-        if self._changed("header", header_key):
-            self.query_one(RunHeader).show(view, store.source_status(), store.notices(), store.now())
+        source, notices, now = store.source_status(), store.notices(), store.now()
+        if self._changed("header", (view, source, tuple(notices), int(now))):
+            self.query_one(RunHeader).show(view, source, notices, now)
         if self._changed("status", store.status_version()):
             self.query_one(StatusLine).show(store.counters(), self.source.where())
         if run is None:
@@ -256,7 +256,7 @@ class TuimonApp(App[None]):
     def key_sections(self) -> list[tuple[str, list[tuple[str, str]]]]:
         """The app's keys, grouped, as the help screen lists them."""
         dashboard, replay = [], []
-        for binding in self._bindings_list():
+        for binding in (b for b in self.BINDINGS if isinstance(b, Binding)):
             if binding.action == "incidents" and not self._incidents_available:
                 continue
             entry = (self.get_key_display(binding), binding.tooltip or binding.description)
@@ -267,11 +267,6 @@ class TuimonApp(App[None]):
             ("↑ ↓", "Move in a table"),
         ]
         return [("Dashboard", dashboard), ("Replay only", replay)]
-
-    def _bindings_list(self) -> Iterable[Binding]:
-        for binding in self.BINDINGS:
-            if isinstance(binding, Binding):
-                yield binding
 
     def action_next_theme(self) -> None:
         order = list(THEME_ORDER)
@@ -342,6 +337,8 @@ class TuimonApp(App[None]):
         self.push_screen(EventDetailScreen(context.run, context.event, context.window, started))
 
     def action_incidents(self) -> None:
+        """Push the incident knowledge base's screen: ``IncidentScreen(context)``, where context is
+        :meth:`event_context` (None when no event is selected)."""
         module = importlib.import_module(INCIDENT_SCREEN_MODULE)
         self.push_screen(module.IncidentScreen(self.event_context()))
 

@@ -153,7 +153,7 @@ class Schedule:
         self._requested: set[int] = set()
 
     def due(self, index: int) -> bool:
-        return index < self._dense or index % self._every == 0 or index in self._requested
+        return index < self._dense or index % self._every == 0 or (bool(self._requested) and index in self._requested)
 
     def request(self, index: int) -> None:
         """Also run on step ``index`` (a check confirming a suspicion on the next step)."""
@@ -196,6 +196,9 @@ class PendingResults:
     def __init__(self, on_error: Callable[[Check, BaseException], None]) -> None:
         self._on_error = on_error
         self._queue: deque[tuple[Check, HostValue, Callable[[torch.Tensor], None]]] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
 
     def add(self, owner: Check, tensor: torch.Tensor, callback: Callable[[torch.Tensor], None]) -> None:
         self._queue.append((owner, HostValue(tensor), callback))
@@ -284,15 +287,16 @@ class WatchedOptimizer:
     group_of: list[int] = field(default_factory=list)
     _layout: tuple[int, ...] = ()
 
-    def refresh(self) -> None:
+    def refresh(self) -> bool:
         """Re-read the parameter list if ``add_param_group`` (or similar) changed it."""
         groups = self.optimizer.param_groups
         layout = tuple(len(group["params"]) for group in groups)
         if layout == self._layout:
-            return
+            return False
         self._layout = layout
         self.params = [p for group in groups for p in group["params"]]
         self.group_of = [g for g, group in enumerate(groups) for _ in group["params"]]
+        return True
 
     def lr(self, group: int) -> float | None:
         """The learning rate of a group as a number, or None when unknown or on an accelerator."""

@@ -25,29 +25,32 @@ _PATIENCE = 10
 class RootDiscovery(Check):
     def __init__(self, config: InvariantConfig, owned: Callable[[], set[int]],
                  adopt: Callable[[nn.Module], None]) -> None:
-        self._schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = Schedule(config.dense_steps, config.check_every)
         self._owned = owned
         self._adopt = adopt
         self._handle = None
         self._known: set[int] = set()  # modules inside adopted roots, and modules rejected
         self._covered: set[int] = set()  # parameters of adopted roots
         self._fruitless = 0
-        self._finished = False
+        self.finished = False
 
     def note_root(self, root: nn.Module) -> None:
         """A root known by other means (the model given later): its modules need no look."""
         self._known.update(id(m) for m in root.modules())
         self._covered.update(id(p) for p in root.parameters())
 
+    @property
+    def armed(self) -> bool:
+        return self._handle is not None
+
     def after_step(self, next_index: int) -> None:
-        if self._finished:
-            return
+        """Called while armed and before sampled steps, until finished."""
         if self._handle is not None:
             self._fruitless += 1
         if self._owned() <= self._covered or self._fruitless > _PATIENCE:
-            self._finished = True
+            self.finished = True
             self.close()
-        elif self._schedule.due(next_index):
+        elif self.schedule.due(next_index):
             if self._handle is None:
                 self._handle = register_module_forward_pre_hook(self._on_forward)
         else:

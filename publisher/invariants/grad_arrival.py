@@ -48,15 +48,15 @@ class ArrivalCheck(Check):
         self._watched = watched
         self._namer = namer
         self._pending = pending
-        self._schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = Schedule(config.dense_steps, config.check_every)
         self._source = ("optimizer", watched.index)
         self._served: set[int] = set()
         self._waiting: dict[int, int] = {}  # parameter index -> optimizer step index it joined at
+        #: Every step before this index is looked at (some parameter is inside its window).
+        self.window_end = 1
 
     def after_step(self, index: int, step: int) -> None:
-        in_window = any(index - since < self._window for since in self._waiting.values())
-        if not (in_window or self._schedule.due(index)):
-            return
+        """Called on sampled steps and on every step before :attr:`window_end`."""
         watched = self._watched
         watched.refresh()
         params = watched.params
@@ -69,6 +69,7 @@ class ArrivalCheck(Check):
                 self._waiting[i] = index
         if not self._waiting:
             return
+        self.window_end = max(self.window_end, max(self._waiting.values()) + self._window)
         dense = [i for i in self._waiting if params[i].grad is not None and not params[i].grad.is_sparse]
         sparse = [i for i in self._waiting if params[i].grad is not None and params[i].grad.is_sparse]
         norms = list(torch._foreach_norm([params[i].grad for i in dense], math.inf)) if dense else []

@@ -45,28 +45,34 @@ class ClearingCheck(Check):
         self._watched = watched
         self._namer = namer
         self._pending = pending
-        self._schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = Schedule(config.dense_steps, config.check_every)
         self._source = ("optimizer", watched.index)
         self._sentinel: torch.Tensor | None = None
         self._sentinel_name = ""
         self._handle = None
-        self._armed = False
+        self.armed = False
         self._backwards = 0
         self._cleared = False
         self._zero_tests: list[torch.Tensor] = []
 
+    @property
+    def has_sentinel(self) -> bool:
+        return self._sentinel is not None
+
     def before_step(self, index: int, step: int) -> None:
-        if self._armed:
+        """Called when a window is open or the next step is sampled."""
+        if self.armed:
             self._close_window(step)
-        if self._sentinel is not None and self._schedule.due(index + 1):
+        if self._sentinel is not None and self.schedule.due(index + 1):
             self._open_window()
 
     def after_step(self, index: int) -> None:
-        if self._sentinel is None and self._pick_sentinel() and self._schedule.due(index + 1):
+        """Called until a sentinel is chosen."""
+        if self._pick_sentinel() and self.schedule.due(index + 1):
             self._open_window()
 
     def close(self) -> None:
-        self._armed = False
+        self.armed = False
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -88,14 +94,14 @@ class ClearingCheck(Check):
         return True
 
     def _open_window(self) -> None:
-        self._armed = True
+        self.armed = True
         self._backwards = 0
         self._cleared = False
         self._zero_tests = []
 
     def _on_gradient(self, grad: torch.Tensor) -> None:
         """Runs inside backward, before accumulation: ``.grad`` still holds what was there."""
-        if not self._armed:
+        if not self.armed:
             return
         self._backwards += 1
         old = self._sentinel.grad
@@ -110,7 +116,7 @@ class ClearingCheck(Check):
                 self._zero_tests.append(~old.any())
 
     def _close_window(self, step: int) -> None:
-        self._armed = False
+        self.armed = False
         if self._backwards == 0:
             return  # no backward reached the sentinel: no verdict
         backwards = self._backwards

@@ -7,6 +7,9 @@ step, since "stays 0 for N consecutive steps" needs each step):
   training goes on (a schedule decaying to 0 too early, a multiplicative drop gone wrong);
 * every group of the optimizer has lr 0 for the first ``zero_lr_steps`` steps (lr read as 0).
 
+Read every step (so the step where lr reached 0 is exact); once every group has been positive and
+none is at 0, a step costs one dict read and one comparison per group.
+
 Healthy look-alikes: warm-up from 0 (one step at 0), the last step of a cosine schedule at 0, and a
 single group kept at lr 0 from the start while others train (a deliberate freeze).
 The post-hook runs before the user's ``scheduler.step()``, so the lr read is the one the step used.
@@ -33,9 +36,20 @@ class ZeroLrCheck(Check):
         self._was_positive: list[bool] = []
         self._zero_since: list[tuple[int, int] | None] = []  # (optimizer step index, reported step)
         self._violated = False
+        self._quiet = False  # every group has been positive and none is at 0
 
     def after_step(self, index: int, step: int) -> None:
         groups = self._watched.optimizer.param_groups
+        if self._quiet and len(groups) == len(self._was_positive):
+            for group in groups:
+                lr = group.get("lr")
+                if not (isinstance(lr, float | int) and lr > 0):
+                    break
+            else:
+                return
+        self._evaluate(index, step, groups)
+
+    def _evaluate(self, index: int, step: int, groups: list[dict]) -> None:
         while len(self._was_positive) < len(groups):
             self._was_positive.append(False)
             self._zero_since.append(None)
@@ -54,6 +68,7 @@ class ZeroLrCheck(Check):
             if index - self._zero_since[g][0] + 1 >= self._needed:
                 stuck.append(g)
         decayed = [g for g in stuck if self._was_positive[g]]
+        self._quiet = zero_groups == 0 and all(self._was_positive) and not self._violated
         opt = self._watched.index
         if decayed:
             first = min(self._zero_since[g][1] for g in decayed)

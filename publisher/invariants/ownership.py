@@ -4,8 +4,8 @@ A trainable parameter (``requires_grad=True``) that no optimizer owns gets gradi
 changes: a head added after the optimizer was built, a layer unfrozen without adding it to the
 optimizer. With several optimizers (GAN) the union counts. Reported once as ``info``: leaving a
 parameter out can be deliberate. First checked once every optimizer had ``grad_window`` steps to
-show up (the zero-code launcher discovers a GAN's second optimizer at its first step), then on
-sampled steps, since unfreezing later is exactly when this goes wrong.
+show up (the zero-code launcher discovers a GAN's second optimizer at its first step), then every
+``10 * check_every`` steps, since unfreezing later is exactly when this goes wrong.
 """
 
 from __future__ import annotations
@@ -26,14 +26,18 @@ class OwnershipCheck(Check):
     def __init__(self, board: StatusBoard, config: InvariantConfig, namer: ParamNamer) -> None:
         self._board = board
         self._first = config.grad_window - 1
-        self._every = config.check_every
+        # Unowned parameters do no harm beyond not training: a slower cadence is enough.
+        self._every = config.check_every * 10
         self._namer = namer
         self._last_checked = -1
 
+    def due(self, index: int) -> bool:
+        return index != self._last_checked and (
+            index == self._first or (index > self._first and index % self._every == 0))
+
     def after_step(self, index: int, step: int, roots: Sequence[nn.Module],
                    watched: Sequence[WatchedOptimizer]) -> None:
-        if index == self._last_checked or index < self._first or (index != self._first and index % self._every):
-            return
+        """Called when :meth:`due`."""
         self._last_checked = index
         if not roots:
             return

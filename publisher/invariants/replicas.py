@@ -51,7 +51,7 @@ class ReplicaCheck(Check):
     def __init__(self, board: StatusBoard, config: InvariantConfig, process_group,
                  named_params: Callable[[], list[tuple[str, torch.Tensor]]]) -> None:
         self._board = board
-        self._schedule = Schedule(config.dense_steps, config.replica_every)
+        self.schedule = Schedule(config.dense_steps, config.replica_every)
         self._rtol = config.replica_rtol
         self._process_group = process_group
         self._named_params = named_params
@@ -75,9 +75,15 @@ class ReplicaCheck(Check):
             return "only one data-parallel rank: no replicas to compare"
         return None
 
+    @property
+    def busy(self) -> bool:
+        """Comparisons on their way (they are polled every step until done)."""
+        return bool(self._outbox or self._inflight)
+
     def after_step(self, index: int, step: int) -> None:
+        """Called on sampled steps of the first optimizer and while :attr:`busy`."""
         self._poll()
-        if self._stopped or not self._schedule.due(index):
+        if self._stopped or not self.schedule.due(index):
             return
         reason = self.why_unchecked()
         if reason is not None:

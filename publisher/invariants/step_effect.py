@@ -41,7 +41,6 @@ from publisher.invariants.core import (
     is_checkable,
     name_list,
     sample_stride,
-    stack_on,
 )
 
 UPDATES = "optimizer_changes_params"
@@ -54,54 +53,86 @@ _NOOP_CAUSES = [
 ]
 
 
-@dataclass
-class _Probe:
-    index: int
-    rows: torch.Tensor | None  # rows of a sparse gradient; None: every `stride`-th element
-    stride: int
-    before: torch.Tensor
+class _Sampler:
+    """Flat samples of parameters: at most ``limit`` elements each, every k-th one.
 
-    def sample(self, param: torch.Tensor) -> torch.Tensor:
-        if self.rows is not None:
-            return param.detach().index_select(0, self.rows)
-        return flat_sample(param, self.stride)
+    For a contiguous parameter the sample is a view, cached between checks while the parameter
+    keeps its storage (the cached view keeps the old storage alive, so an equal ``data_ptr``
+    means the same storage); a non-contiguous one is copied each time.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._views: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def dense(self, param: torch.Tensor) -> torch.Tensor:
+        if not param.is_contiguous():
+            return flat_sample(param, sample_stride(param.numel(), self.limit))
+        key, ptr = id(param), param.data_ptr()
+        cached = self._views.get(key)
+        if cached is None or cached[0] != ptr:
+            cached = (ptr, flat_sample(param, sample_stride(param.numel(), self.limit)))
+            self._views[key] = cached
+        return cached[1]
+
+    def forget(self) -> None:
+        self._views.clear()
 
 
 @dataclass
 class _Snapshot:
     index: int  # the optimizer's step index
     step: int
-    trained: list[_Probe]
-    frozen: list[_Probe]
+    trained: list[int]  # parameter indices expected to change (they hold a gradient)
+    frozen: list[int]  # parameter indices that must not change
+    rows: dict[int, torch.Tensor]  # parameter index -> rows compared (sparse gradients)
     lr_positive: list[bool]
-    grad_max: list[torch.Tensor]
+    before: torch.Tensor  # all samples, concatenated
+    lengths: list[int]
+    grad_norms: torch.Tensor | None  # largest |gradient| in each trained parameter's sample
 
 
 class StepEffectCheck(Check):
-    """Compares sampled parameter values before and after one optimizer's sampled steps."""
+    """Compares sampled parameter values before and after one optimizer's sampled steps.
+
+    Cost of a sampled step, whatever the number of parameters: one ``cat`` of the samples
+    before and one after, an element-wise ``!=``, one ``scatter_reduce`` to get "any element
+    moved" per parameter, one ``cat`` + ``scatter_reduce`` for the largest gradient per
+    parameter, and one small tensor read back (see
+    :class:`~publisher.invariants.core.PendingResults`). Per-parameter Python is limited to
+    taking views (cached for the parameters themselves). (``_foreach_norm`` was measured slower
+    on the CPU for many small tensors: it loops per tensor.)
+    """
 
     names = (UPDATES, FROZEN)
 
     def __init__(self, board: StatusBoard, config: InvariantConfig, watched: WatchedOptimizer,
                  namer: ParamNamer, pending: PendingResults) -> None:
         self._board = board
-        self._limit = config.probe_elements
+        self._sampler = _Sampler(config.probe_elements)
         self._watched = watched
         self._namer = namer
         self._pending = pending
-        self._schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = Schedule(config.dense_steps, config.check_every)
         self._dense_steps = config.dense_steps
         self._source = ("optimizer", watched.index)
         self._snapshot: _Snapshot | None = None
+        self._segments: tuple[tuple[int, ...], torch.Tensor] | None = None
         self._suspects: set[int] = set()
         self._gradless_checks = 0
 
+    @property
+    def has_snapshot(self) -> bool:
+        return self._snapshot is not None
+
     def before_step(self, index: int, step: int, closure: bool) -> None:
+        """Called on sampled steps."""
         self._snapshot = None
-        if closure or not self._schedule.due(index):
+        if closure:
             return
         watched = self._watched
-        watched.refresh()
+        if watched.refresh():
+            self._sampler.forget()
         params = watched.params
         trained = [i for i, p in enumerate(params) if p.requires_grad and p.grad is not None and is_checkable(p)]
         # Built-in optimizers skip parameters whose .grad is None, so after the first steps only
@@ -110,68 +141,77 @@ class StepEffectCheck(Check):
         frozen = [i for i, p in enumerate(params)
                   if not p.requires_grad and (dense or p.grad is not None) and is_checkable(p)]
         self._judge_gradless(index, step, bool(trained))
-        trained_probes, grad_samples = [], []
+        rows: dict[int, torch.Tensor] = {}
+        grad_samples = []
         for i in trained:
-            probe, grad_sample = self._probe(i, params[i], params[i].grad)
-            if probe is not None:
-                trained_probes.append(probe)
-                grad_samples.append(grad_sample)
-        frozen_probes = [self._probe(i, params[i], None)[0] for i in frozen]
-        if not trained_probes and not frozen_probes:
+            grad = params[i].grad
+            if grad.is_sparse:
+                if grad.sparse_dim() != 1:
+                    continue
+                per_row = max(1, params[i][0].numel())
+                rows[i] = grad._indices()[0, : max(1, self._sampler.limit // per_row)]
+                grad_samples.append(grad._values()[: rows[i].numel()].reshape(-1))
+            else:
+                grad_samples.append(flat_sample(grad, sample_stride(grad.numel(), self._sampler.limit)))
+        trained = [i for i in trained if i in rows or not params[i].grad.is_sparse]
+        if not trained and not frozen:
             return
-        lr_positive = [(lr := watched.lr(watched.group_of[p.index])) is not None and lr > 0
-                       for p in trained_probes]
-        grad_max = torch._foreach_norm(grad_samples, math.inf) if grad_samples else []
-        self._snapshot = _Snapshot(index, step, trained_probes, frozen_probes, lr_positive, list(grad_max))
+        samples = self._samples(params, trained + frozen, rows)
+        lengths = [s.numel() for s in samples]
+        before = torch.cat(samples) if len(samples) > 1 else samples[0].clone()
+        lr_positive = [(lr := watched.lr(watched.group_of[i])) is not None and lr > 0 for i in trained]
+        grad_norms = None
+        if grad_samples:  # the largest |gradient| of each parameter's sample
+            device = before.device
+            grads = torch.cat([g if g.device == device else g.to(device) for g in grad_samples])
+            segments = self._segment_ids(lengths, device)[: grads.numel()]
+            grad_norms = torch.zeros(len(grad_samples), dtype=grads.dtype, device=device).scatter_reduce_(
+                0, segments, grads.abs(), "amax")
+        self._snapshot = _Snapshot(index, step, trained, frozen, rows, lr_positive, before, lengths, grad_norms)
 
     def after_step(self) -> None:
+        """Called when :meth:`before_step` took a snapshot."""
         snap, self._snapshot = self._snapshot, None
-        if snap is None:
-            return
-        params = self._watched.params
-        probes = snap.trained + snap.frozen
-        after = [probe.sample(params[probe.index]) for probe in probes]
-        # A step that gave a parameter another shape or dtype (a growing layer) did change it.
-        comparable = [k for k, (now, probe) in enumerate(zip(after, probes, strict=True))
-                      if now.shape == probe.before.shape and now.dtype == probe.before.dtype]
-        device = probes[0].before.device
-        changed = torch.ones(len(probes), dtype=torch.bool, device=device)
-        if comparable:
-            diffs = torch._foreach_sub([after[k] for k in comparable], [probes[k].before for k in comparable])
-            # NaN counts as changed: non-finite values are another detector's business.
-            moved = stack_on(torch._foreach_norm(diffs, math.inf), device) != 0
-            if len(comparable) == len(probes):
-                changed = moved
-            else:
-                changed[comparable] = moved
-        if snap.grad_max:
-            grad_max = stack_on(snap.grad_max, device)
-            promised = (grad_max != 0) & torch.isfinite(grad_max)
-        else:
-            promised = torch.zeros(0, dtype=torch.bool, device=device)
-        promised = torch.cat([promised, torch.zeros(len(snap.frozen), dtype=torch.bool, device=device)])
-        self._pending.add(self, torch.stack([changed, promised]), partial(self._resolve, snap))
+        samples = self._samples(self._watched.params, snap.trained + snap.frozen, snap.rows)
+        device = snap.before.device
+        if [s.numel() for s in samples] == snap.lengths:
+            after = torch.cat(samples) if len(samples) > 1 else samples[0]
+            # NaN counts as moved: non-finite values are another detector's business.
+            moved = torch.zeros(len(samples), device=device).scatter_reduce_(
+                0, self._segment_ids(snap.lengths, device), (after != snap.before).float(), "amax")
+        else:  # the step replaced a parameter by one of another size (a growing layer): it moved
+            moved = torch.tensor([s.numel() != n or bool((s != b).any()) for s, n, b in
+                                  zip(samples, snap.lengths, snap.before.split(snap.lengths), strict=True)],
+                                 dtype=torch.float32, device=device)
+        verdict = moved if snap.grad_norms is None else torch.cat([moved, snap.grad_norms.to(moved.dtype)])
+        self._pending.add(self, verdict, partial(self._resolve, snap))
 
-    def _probe(self, i: int, param: torch.Tensor, grad: torch.Tensor | None
-               ) -> tuple[_Probe | None, torch.Tensor | None]:
-        if grad is not None and grad.is_sparse:
-            if grad.sparse_dim() != 1 or param.dim() == 0:
-                return None, None
-            per_row = max(1, param[0].numel())
-            rows = grad._indices()[0, : max(1, self._limit // per_row)]
-            before = param.detach().index_select(0, rows)
-            return _Probe(i, rows, 1, before), grad._values()[: rows.numel()]
-        stride = sample_stride(param.numel(), self._limit)
-        probe = _Probe(i, None, stride, flat_sample(param, stride).clone())
-        return probe, (flat_sample(grad, stride) if grad is not None else None)
+    def _samples(self, params: list[torch.Tensor], indices: list[int], rows: dict[int, torch.Tensor]
+                 ) -> list[torch.Tensor]:
+        samples = [params[i].detach().index_select(0, rows[i]).reshape(-1) if i in rows
+                   else self._sampler.dense(params[i]) for i in indices]
+        device = samples[0].device
+        if any(s.device != device for s in samples):  # a model spread over several devices
+            samples = [s.to(device) for s in samples]
+        return samples
+
+    def _segment_ids(self, lengths: list[int], device: torch.device) -> torch.Tensor:
+        """``[0, 0, 0, 1, 1, 2, ...]``: which parameter each sampled element belongs to (cached)."""
+        key = tuple(lengths)
+        if self._segments is None or self._segments[0] != key or self._segments[1].device != device:
+            ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
+            self._segments = (key, ids)
+        return self._segments[1]
 
     def _resolve(self, snap: _Snapshot, verdict: torch.Tensor) -> None:
-        changed, promised = verdict.tolist()
-        n_trained = len(snap.trained)
-        expected = [p.index for k, p in enumerate(snap.trained) if promised[k] and snap.lr_positive[k]]
-        unchanged = {p.index for k, p in enumerate(snap.trained)
-                     if promised[k] and snap.lr_positive[k] and not changed[k]}
-        moved = [p.index for k, p in enumerate(snap.frozen) if changed[n_trained + k]]
+        values = verdict.tolist()
+        n_trained, n_probes = len(snap.trained), len(snap.trained) + len(snap.frozen)
+        changed, grad_norms = values[:n_probes], values[n_probes:]
+        # A gradient sample that is non-zero and finite promises a change (lr > 0 given).
+        promised = [0 < g < math.inf and snap.lr_positive[k] for k, g in enumerate(grad_norms)]
+        expected = [i for k, i in enumerate(snap.trained) if promised[k]]
+        unchanged = {i for k, i in enumerate(snap.trained) if promised[k] and not changed[k]}
+        moved = [i for k, i in enumerate(snap.frozen) if changed[n_trained + k]]
         self._judge_updates(snap, expected, unchanged)
         if snap.frozen:
             self._judge_frozen(snap, moved)
@@ -190,7 +230,7 @@ class StepEffectCheck(Check):
                        "checked": len(expected), "likely_causes": _NOOP_CAUSES}
             self._board.violation(UPDATES, self._source, snap.step, message, details, names)
         elif unchanged:
-            self._schedule.request(snap.index + 1)
+            self.schedule.request(snap.index + 1)
         else:
             self._board.report(UPDATES, self._source, "ok", snap.step,
                                f"optimizer {opt}: step() changed all {len(expected)} parameters with gradients")
@@ -202,7 +242,7 @@ class StepEffectCheck(Check):
             return
         self._gradless_checks += 1
         if self._gradless_checks < 2:
-            self._schedule.request(index + 1)
+            self.schedule.request(index + 1)
             return
         opt = self._watched.index
         params = self._watched.params

@@ -85,7 +85,7 @@ class TrainModeCheck(Check):
 
     def __init__(self, board: StatusBoard, config: InvariantConfig) -> None:
         self._board = board
-        self._schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = Schedule(config.dense_steps, config.check_every)
         self._roots: list[_Root] = []
         self._handles: list = []
         self._findings: dict[int, list[str]] = {}
@@ -100,16 +100,21 @@ class TrainModeCheck(Check):
                                            "mode (dropout, batch norm): nothing to check")
             return
         self._board.idle_message(MODE, "waiting for a training forward on a sampled step")
-        if self._schedule.due(next_index):
+        if self.schedule.due(next_index):
             self._arm()
 
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
     def after_step(self, step: int, next_index: int) -> None:
+        """Called while armed and before sampled steps: judge what the forwards saw, (dis)arm."""
         findings, self._findings = self._findings, {}
         for root_index, offenders in findings.items():
             self._judge(step, next_index, root_index, offenders)
         if not self._roots:
             return
-        if self._schedule.due(next_index):
+        if self.schedule.due(next_index):
             self._arm()
         else:
             self._disarm()
@@ -152,7 +157,7 @@ class TrainModeCheck(Check):
             return
         confirmed = sorted(set(offenders) & suspects)
         if not confirmed:
-            self._schedule.request(next_index)
+            self.schedule.request(next_index)
             return
         message = (f"{name_list(confirmed)} in eval() mode while its trainable parameters are updated "
                    "(dropout/batch norm behave as in evaluation)")

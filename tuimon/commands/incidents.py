@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from tuimon.kb import Incident, KnowledgeBase
     from tuimon.kb.incidents import IncidentFilter
 
-OUTCOME_CHOICES = ("helped", "no-effect", "made-worse", "unknown")
-STATUS_CHOICES = ("open", "investigating", "mitigated", "resolved")
-SEVERITY_CHOICES = ("info", "warning", "critical")
+# Allowed values are checked by tuimon.kb.model when the handler runs (one list, one error
+# message); the help texts name them for the reader.
+STATUS_HELP = "open, investigating, mitigated or resolved"
+SEVERITY_HELP = "info, warning or critical"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     new = add("new", _new, "open an incident and print its number")
     new.add_argument("--title", help="one line (default with --recording: the event's message)")
     new.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
-    new.add_argument("--severity", choices=SEVERITY_CHOICES, help="default: the event's, else warning")
+    new.add_argument("--severity", help=f"{SEVERITY_HELP} (default: the event's, else warning)")
     new.add_argument("--run", help="run name")
     new.add_argument("--host", help="host name")
     new.add_argument("--rank", type=int, action="append", default=[], help="rank involved (repeatable)")
@@ -89,18 +90,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tried = add("tried", _tried, "record something tried and its outcome")
     tried.add_argument("id", metavar="ID")
     tried.add_argument("text", metavar="TEXT")
-    tried.add_argument("--outcome", choices=OUTCOME_CHOICES, default="unknown", help="default: unknown")
+    tried.add_argument(
+        "--outcome", default="unknown", help="helped, no-effect, made-worse or unknown (default)"
+    )
     tried.add_argument("--step", type=int, help="training step at which it was applied")
 
     status = add("status", _status, "change an incident's status")
     status.add_argument("id", metavar="ID")
-    status.add_argument("status", choices=STATUS_CHOICES)
+    status.add_argument("status", metavar="STATUS", help=STATUS_HELP)
     status.add_argument("--note", default="", help="why (added to the status-change entry)")
 
     edit = add("edit", _edit, "change fields and tags of an incident")
     edit.add_argument("id", metavar="ID")
     edit.add_argument("--title")
-    edit.add_argument("--severity", choices=SEVERITY_CHOICES)
+    edit.add_argument("--severity", help=SEVERITY_HELP)
     edit.add_argument("--run")
     edit.add_argument("--host")
     for field in ("summary", "trigger", "detection", "root-cause", "resolution"):
@@ -133,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _filters(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--status", action="append", default=[], choices=STATUS_CHOICES, help="repeatable")
+    parser.add_argument("--status", action="append", default=[], help=f"{STATUS_HELP} (repeatable)")
     parser.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
     parser.add_argument("--tag", action="append", default=[], help="tag (repeatable)")
     parser.add_argument("--run", help="run name")
@@ -156,10 +159,10 @@ def _text(value: str) -> str:
 
 def _filter(args: argparse.Namespace) -> IncidentFilter:
     from tuimon.kb.incidents import IncidentFilter
-    from tuimon.kb.model import labels, parse_date
+    from tuimon.kb.model import STATUSES, choice, labels, parse_date
 
     return IncidentFilter(
-        statuses=tuple(args.status),
+        statuses=tuple(choice(status, STATUSES, "status") for status in args.status),
         kinds=labels(args.kind, "kind"),
         tags=labels(args.tag, "tag"),
         run=args.run,
@@ -190,21 +193,10 @@ def _highlighter() -> tuple[str, str]:
 # -- handlers ------------------------------------------------------------------------------------
 
 
-def _steps(text: str | None) -> tuple[int | None, int | None]:
-    from tuimon.errors import UserError
-
-    if not text:
-        return None, None
-    first, _, last = text.partition("-")
-    try:
-        return int(first), int(last or first)
-    except ValueError:
-        raise UserError(f"--steps takes FIRST or FIRST-LAST, not {text!r}") from None
-
-
 def _new(args: argparse.Namespace) -> int:
     from tuimon.errors import UserError
     from tuimon.kb import IncidentDraft
+    from tuimon.kb.model import parse_steps
 
     if (args.recording is None) != (args.event is None):
         raise UserError("--recording and --event go together")
@@ -224,7 +216,7 @@ def _new(args: argparse.Namespace) -> int:
         else:
             if not args.title:
                 raise UserError("give --title (or --recording FILE --event ID)")
-            first, last = _steps(args.steps)
+            first, last = parse_steps(args.steps or "")
             incident = kb.open_incident(
                 IncidentDraft(
                     title=args.title,

@@ -2,8 +2,8 @@
 
 One :class:`KnowledgeBase` holds one SQLite connection and the runbooks, and serialises use of
 the connection with a lock, so a Textual screen may call it from its UI thread (reads, which are
-fast) and from worker threads (writes, which may wait up to the busy timeout for another
-engineer's write). Incidents are named by ``ref``: a number (``12``, ``"#12"``), a UUID or a
+fast) and from worker threads (writes, which may wait while another engineer's write holds the
+lock). Incidents are named by ``ref``: a number (``12``, ``"#12"``), a UUID or a
 unique UUID prefix.
 """
 
@@ -172,9 +172,11 @@ class KnowledgeBase:
         self,
         event: Mapping[str, Any] | Any,
         *,
+        run: str | None = None,
+        host: str | None = None,
         run_start: Mapping[str, Any] | None = None,
-        metrics: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
-        gpu_devices: Iterable[Mapping[str, Any]] = (),
+        metrics: capture.MetricSeries | None = None,
+        gpu_devices: Iterable[Mapping[str, Any] | Any] = (),
         window: int = capture.DEFAULT_WINDOW,
         title: str | None = None,
         tags: Iterable[str] = (),
@@ -182,12 +184,13 @@ class KnowledgeBase:
     ) -> Incident:
         """Open an incident from an anomaly event, capturing the evidence around it.
 
-        ``event`` is a protocol ``event`` message (or the viewer's event record); ``metrics`` maps
-        metric names to (step, value) pairs of the event's rank (a window around the event's step
-        is kept); ``gpu_devices`` are the latest ``gpu`` device entries (with ``rank``/``host``);
-        ``run_start`` is the run's ``run_start`` message (the reproduction record).
+        ``event`` is a protocol ``event`` message, or the viewer's event record with ``run`` (and
+        ``host``) given; ``metrics`` is the event's rank's metrics around it as ``name -> (steps,
+        values)`` (``Store.metric_window``; a window of ``window`` steps each side is kept);
+        ``gpu_devices`` are the latest device entries with ``rank``/``host`` (or the store's device
+        views); ``run_start`` is the run's ``run_start`` message (the reproduction record).
         """
-        found = capture.as_event(event)
+        found = capture.as_event(event, run=run, host=host)
         captured = capture.capture(
             [found], run_start=run_start, metrics=metrics, gpu_devices=gpu_devices, window=window
         )
@@ -240,12 +243,14 @@ class KnowledgeBase:
         ref: Ref,
         events: Sequence[Mapping[str, Any] | Any],
         *,
-        metrics: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
-        gpu_devices: Iterable[Mapping[str, Any]] = (),
+        run: str | None = None,
+        host: str | None = None,
+        metrics: capture.MetricSeries | None = None,
+        gpu_devices: Iterable[Mapping[str, Any] | Any] = (),
         window: int = capture.DEFAULT_WINDOW,
     ) -> list[Entry]:
         """Add events to an incident (each once), with a new metrics window / GPU state if given."""
-        found = [capture.as_event(event) for event in events]
+        found = [capture.as_event(event, run=run, host=host) for event in events]
         captured = capture.capture(found, metrics=metrics, gpu_devices=gpu_devices, window=window)
         with self._lock:
             return incidents.attach(self._db, incidents.resolve(self._db, ref), found, captured, self.author)

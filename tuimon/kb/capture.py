@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from publisher.protocol import ProtocolError, decode, read_number, wire_number
+from publisher.protocol import SEVERITIES, ProtocolError, decode, read_number, wire_number
 from tuimon.errors import UserError
 
 #: Steps kept on each side of the event(s).
@@ -34,11 +34,34 @@ STANDARD_METRICS = (
 _ENVELOPE_ONLY = ("v", "type", "seq")
 
 
-def as_event(event: Mapping[str, Any] | Any) -> dict[str, Any]:
-    """A protocol event as a dict (accepts the viewer's frozen dataclass records too)."""
-    if dataclasses.is_dataclass(event) and not isinstance(event, type):
-        return dataclasses.asdict(event)
-    return dict(event)
+#: A metrics window as the viewer's store gives it (``Store.metric_window``): name -> (steps, values).
+MetricSeries = Mapping[str, tuple[Sequence[int], Sequence[Any]]]
+
+
+def as_event(
+    event: Mapping[str, Any] | Any, *, run: str | None = None, host: str | None = None
+) -> dict[str, Any]:
+    """A protocol event as a dict; accepts the viewer's event records (dataclasses) too.
+
+    The viewer's records do not repeat the run and host of their sender: ``run``/``host`` fill in.
+    """
+    found = (
+        dataclasses.asdict(event)
+        if dataclasses.is_dataclass(event) and not isinstance(event, type)
+        else dict(event)
+    )
+    for key, value in (("run", run), ("host", host)):
+        if value is not None and not found.get(key):
+            found[key] = value
+    return found
+
+
+def as_device(device: Mapping[str, Any] | Any) -> dict[str, Any]:
+    """A GPU device entry (protocol ``gpu`` device with ``rank``/``host``), or the viewer's device
+    view (its ``latest`` sample and ``rank``)."""
+    if isinstance(device, Mapping):
+        return dict(device)
+    return {**device.latest, "rank": device.rank}
 
 
 def event_steps(events: Sequence[Mapping[str, Any]]) -> tuple[int | None, int | None]:
@@ -47,7 +70,7 @@ def event_steps(events: Sequence[Mapping[str, Any]]) -> tuple[int | None, int | 
 
 
 def metrics_window(
-    points: Mapping[str, Iterable[tuple[int, float | int | str | None]]],
+    series: MetricSeries,
     *,
     first_step: int,
     last_step: int,
@@ -56,39 +79,43 @@ def metrics_window(
 ) -> dict[str, Any] | None:
     """Metric values from ``first_step - window`` to ``last_step + window``, one column per metric.
 
-    ``points`` maps a metric name to (step, value) pairs, e.g. ``zip(*series.between(lo, hi))``.
     Non-finite values keep their protocol spelling (``"nan"``), so a NaN loss stays visible.
     Returns None when no point falls in the window.
     """
     lo, hi = first_step - window, last_step + window
     by_name: dict[str, dict[int, Any]] = {}
-    for name, pairs in points.items():
-        kept = {int(step): wire_number(read_number(value)) for step, value in pairs if lo <= step <= hi}
+    for name, (steps, values) in series.items():
+        kept = {
+            int(step): wire_number(read_number(value))
+            for step, value in zip(steps, values, strict=True)
+            if lo <= step <= hi
+        }
         if kept:
             by_name[name] = kept
     if not by_name:
         return None
     steps = sorted({step for kept in by_name.values() for step in kept})
-    names = [n for n in STANDARD_METRICS if n in by_name] + sorted(set(by_name) - set(STANDARD_METRICS))
     return {
         "rank": rank,
         "first_step": lo,
         "last_step": hi,
         "event_steps": [first_step, last_step],
         "steps": steps,
-        "series": {name: [by_name[name].get(step) for step in steps] for name in names},
+        "series": {name: [kept.get(step) for step in steps] for name, kept in sorted(by_name.items())},
     }
 
 
-def metrics_from_messages(messages: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[int, Any]]]:
-    """(step, value) pairs per metric name from ``metrics`` messages (for :func:`metrics_window`)."""
-    points: dict[str, list[tuple[int, Any]]] = {}
+def metrics_from_messages(messages: Iterable[Mapping[str, Any]]) -> dict[str, tuple[list[int], list[Any]]]:
+    """Series per metric name from ``metrics`` messages, in the store's shape (steps, values)."""
+    series: dict[str, tuple[list[int], list[Any]]] = {}
     for message in messages:
         if message.get("type") != "metrics":
             continue
         for name, value in message.get("metrics", {}).items():
-            points.setdefault(name, []).append((message["step"], value))
-    return points
+            steps, values = series.setdefault(name, ([], []))
+            steps.append(message["step"])
+            values.append(value)
+    return series
 
 
 def gpu_state(devices: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -115,11 +142,11 @@ def gpu_devices_from_messages(messages: Iterable[Mapping[str, Any]]) -> list[dic
 def reproduction(run_start: Mapping[str, Any]) -> dict[str, Any]:
     """The reproduction record: the whole ``run_start`` body (config, seed, versions, argv ...).
 
-    ``git_commit`` and ``config_hash`` are lifted to the top when the publisher's reproduction
-    record carries them, since they are the first thing to compare between two runs.
+    ``git_commit`` and ``config_hash`` are lifted to the top from the publisher's reproduction
+    record (``repro``) when it has them: they are the first thing to compare between two runs.
     """
     record = {key: value for key, value in run_start.items() if key not in _ENVELOPE_ONLY}
-    extra = run_start.get("reproduction")
+    extra = run_start.get("repro")
     if isinstance(extra, Mapping):
         git = extra.get("git")
         if isinstance(git, Mapping):
@@ -136,8 +163,8 @@ def capture(
     events: Sequence[Mapping[str, Any]],
     *,
     run_start: Mapping[str, Any] | None = None,
-    metrics: Mapping[str, Iterable[tuple[int, Any]]] | None = None,
-    gpu_devices: Iterable[Mapping[str, Any]] = (),
+    metrics: MetricSeries | None = None,
+    gpu_devices: Iterable[Mapping[str, Any] | Any] = (),
     window: int = DEFAULT_WINDOW,
 ) -> dict[str, dict[str, Any]]:
     """Context for an incident about ``events``: kind ("metrics", "gpu", "reproduction") -> data."""
@@ -154,7 +181,7 @@ def capture(
         )
         if window_data is not None:
             captured["metrics"] = window_data
-    state = gpu_state(gpu_devices)
+    state = gpu_state(as_device(device) for device in gpu_devices)
     if state is not None:
         captured["gpu"] = state
     if run_start is not None:
@@ -171,9 +198,9 @@ def title_for(events: Sequence[Mapping[str, Any]]) -> str:
 
 
 def severity_for(events: Sequence[Mapping[str, Any]]) -> str:
-    order = ("info", "warning", "critical")
-    found = [e.get("severity") for e in events if e.get("severity") in order]
-    return max(found, key=order.index) if found else "warning"
+    """The most severe of the events' severities (``warning`` when none says)."""
+    found = [e.get("severity") for e in events if e.get("severity") in SEVERITIES]
+    return max(found, key=SEVERITIES.index) if found else "warning"
 
 
 # -- recordings ------------------------------------------------------------------------------

@@ -25,6 +25,10 @@ from tuimon.errors import UserError
 
 #: Milliseconds SQLite itself waits for a lock before reporting SQLITE_BUSY.
 BUSY_TIMEOUT_MS = 5_000
+#: Longest sleep between two attempts to take the write lock. Short, so that a waiting writer
+#: catches the gaps between another writer's transactions instead of sleeping through them (a
+#: retry costs microseconds).
+MAX_RETRY_SLEEP_S = 0.003
 #: Seconds a write keeps retrying before giving up with an error the user can act on.
 WRITE_DEADLINE_S = 60.0
 
@@ -65,7 +69,7 @@ def write(db: sqlite_utils.Database, body: Callable[[], T], *, deadline_s: float
     writers measured at a third of one writer's throughput). Short jittered sleeps keep it busy.
     """
     give_up = time.monotonic() + deadline_s
-    delay = 0.001
+    delay = 0.0005
     while True:
         try:
             _begin_immediate(db.conn)
@@ -86,7 +90,7 @@ def write(db: sqlite_utils.Database, body: Callable[[], T], *, deadline_s: float
                     "try again (is a process stuck holding it?)"
                 ) from None
         time.sleep(delay * (0.5 + random.random()))
-        delay = min(delay * 1.5, 0.025)
+        delay = min(delay * 1.5, MAX_RETRY_SLEEP_S)
 
 
 def _begin_immediate(conn: sqlite3.Connection) -> None:

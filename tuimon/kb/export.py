@@ -34,9 +34,9 @@ def render(
     parts += [f"## {fmt.TRIED_SECTION}", _tried_table(entries)]
     parts += [f"## {fmt.PROGRESS_SECTION}", *_progress(incident, entries, library)]
     parts.append(f"## {fmt.TIMELINE_SECTION}")
-    parts += [_entry(entry) for entry in entries] or ["_No entries._"]
+    parts += [_entry(entry) for entry in entries] or [fmt.NO_ENTRIES]
     parts.append(f"## {fmt.CONTEXT_SECTION}")
-    parts += [_context(record) for record in records] or ["_Nothing captured._"]
+    parts += [_context(record) for record in records] or [fmt.NO_CONTEXT]
     return "\n\n".join(parts) + "\n"
 
 
@@ -91,7 +91,8 @@ def _progress(incident: Incident, entries: Sequence[Entry], library: RunbookLibr
         for step in state.steps:
             mark = "x" if step.checked else " "
             who = f" ({step.by}, {step.at})" if step.checked else ""
-            lines.append(f"- [{mark}] {step.step.group} · {' '.join(step.step.text.split())}{who}")
+            text = " ".join(step.step.text.split())
+            lines.append(f"- [{mark}] `{step.step.id}` {step.step.group} · {text}{who}")
         parts.append("\n".join(lines))
     for name in sorted(ticked_names - set(runbooks)):
         parts.append(f"### `{name}` (runbook not available here; ticks are in the timeline)")

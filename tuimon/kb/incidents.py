@@ -369,41 +369,29 @@ def attach(
         for event in events:
             if (event.get("run"), event.get("id")) in known:
                 continue
+            known.add((event.get("run"), event.get("id")))
             entry = _event_entry(number, event, author, stamp)
             _insert_entry(db, entry)
             added.append(entry)
         for kind, data in captured.items():
             _insert_context(db, ContextRecord(model.new_id(), number, kind, stamp, author, data))
         steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
-        first, last = current["step_first"], current["step_last"]
-        if steps:
-            first = min(steps + ([first] if first is not None else []))
-            last = max(steps + ([last] if last is not None else []))
-        event_ranks = [e["rank"] for e in events if isinstance(e.get("rank"), int)]
-        _update_row(
-            db,
-            number,
-            {
-                "kinds": model.dumps(
-                    list(
-                        model.labels(
-                            [
-                                *json.loads(current["kinds"]),
-                                *(str(e["kind"]) for e in events if e.get("kind")),
-                            ],
-                            "kind",
-                        )
-                    )
-                ),
-                "ranks": model.dumps(list(model.ranks([*json.loads(current["ranks"]), *event_ranks]))),
-                "step_first": first,
-                "step_last": last,
-                "run": current["run"] or next((e["run"] for e in events if e.get("run")), None),
-                "host": current["host"] or next((e["host"] for e in events if e.get("host")), None),
-                "updated_at": stamp,
-                "updated_by": author,
-            },
+        steps += [step for step in (current["step_first"], current["step_last"]) if step is not None]
+        kinds = model.labels(
+            [*json.loads(current["kinds"]), *(str(e["kind"]) for e in events if e.get("kind"))], "kind"
         )
+        ranks = model.ranks(
+            [*json.loads(current["ranks"]), *(e["rank"] for e in events if isinstance(e.get("rank"), int))]
+        )
+        values = {
+            "kinds": model.dumps(list(kinds)),
+            "ranks": model.dumps(list(ranks)),
+            "step_first": min(steps, default=None),
+            "step_last": max(steps, default=None),
+            "run": current["run"] or next((e["run"] for e in events if e.get("run")), None),
+            "host": current["host"] or next((e["host"] for e in events if e.get("host")), None),
+        }
+        _update_row(db, number, {**values, "updated_at": stamp, "updated_by": author})
         return added
 
     return kbdb.write(db, body)

@@ -23,6 +23,8 @@ from tuimon.kb import model
 from tuimon.kb.model import ContextRecord, Entry, Incident
 from tuimon.kb.runbooks import markdown_parser
 
+_NOT_AN_EXPORT = "expected the field list ('- **ID:** ...') under the title: is this a tuimon export?"
+
 
 class ParseError(ValueError):
     """A problem in an incident file; ``line`` is 1-based."""
@@ -118,13 +120,6 @@ def _uuid(text: str) -> str:
         raise ValueError(f"{text!r} is not a UUID") from None
 
 
-def _steps(text: str) -> tuple[int | None, int | None]:
-    if not text:
-        return None, None
-    first, _, last = text.partition("-")
-    return model.step_range(_int(first), _int(last or first))
-
-
 def _incident(fields: dict[str, tuple[str, int]], line: int) -> Incident:
     for required in (
         "id",
@@ -148,7 +143,7 @@ def _incident(fields: dict[str, tuple[str, int]], line: int) -> Incident:
     def optional_time(text: str) -> str | None:
         return model.check_time(text) if text else None
 
-    first, last = value("steps", _steps)
+    first, last = value("steps", model.parse_steps)
     return Incident(
         id=value("id", _uuid),
         number=value("number", _int),
@@ -262,9 +257,7 @@ def parse_incident(text: str) -> ParsedIncident:
             section = heading
         elif section is None:
             if token.type != "bullet_list_open" or fields is not None:
-                raise ParseError(
-                    line, "before the first section only the field list ('- **ID:** ...') is expected"
-                )
+                raise ParseError(line, _NOT_AN_EXPORT)
             fields = _items(tokens, index, end, fmt.FIELD_LABELS)
         elif section in fmt.DERIVED_SECTIONS:
             pass  # regenerated on export
@@ -278,9 +271,7 @@ def parse_incident(text: str) -> ParsedIncident:
             _read_item_part(section, items[section], tokens, index, end, source, heading)
         index = end
     if fields is None:
-        raise ParseError(
-            title_line, "no field list ('- **ID:** ...') under the title: is this a tuimon export?"
-        )
+        raise ParseError(title_line, _NOT_AN_EXPORT)
     incident = dataclasses.replace(_incident(fields, title_line), **texts)
     entries = tuple(_entry(item) for item in items[fmt.TIMELINE_SECTION])
     records = tuple(_record(item) for item in items[fmt.CONTEXT_SECTION])
@@ -304,7 +295,7 @@ def _read_item_part(
     """One block of the Timeline or Context section."""
     token = tokens[index]
     line = _line(token)
-    placeholder = "_No entries._" if section == fmt.TIMELINE_SECTION else "_Nothing captured._"
+    placeholder = fmt.NO_ENTRIES if section == fmt.TIMELINE_SECTION else fmt.NO_CONTEXT
     if token.tag == "h3" and heading is not None:
         parts = heading.split(fmt.HEADING_SEPARATOR, 2)
         if len(parts) != 3:

@@ -57,6 +57,8 @@ SECTION_ORDER = (*TEXT_SECTIONS, TRIED_SECTION, PROGRESS_SECTION, TIMELINE_SECTI
 #: Between the parts of an entry or context heading: ``### time · type · author``.
 HEADING_SEPARATOR = " · "
 EMPTY_TEXT = "_Not recorded._"
+NO_ENTRIES = "_No entries._"
+NO_CONTEXT = "_Nothing captured._"
 LIST_SEPARATOR = ", "
 
 _ITEM = re.compile(r"\*\*(?P<label>[^*]+):\*\*(?: (?P<value>.*))?", re.DOTALL)

@@ -19,6 +19,8 @@ from publisher.protocol import SEVERITIES
 from tuimon.errors import UserError
 
 STATUSES = ("open", "investigating", "mitigated", "resolved")
+#: Incident severities are the events' severities (an incident is as bad as what triggered it).
+SEVERITY_CHOICES: tuple[str, ...] = tuple(SEVERITIES)
 #: Timeline entry types. "tried" carries an outcome; "status_change", "event" and
 #: "runbook_step" are written by tuimon itself when the status changes, an event is attached or a
 #: runbook step is ticked.
@@ -250,6 +252,18 @@ def step_range(first: int | None, last: int | None) -> tuple[int | None, int | N
     return first, last
 
 
+def parse_steps(text: str) -> tuple[int | None, int | None]:
+    """``1200`` or ``1200-1300`` (as typed, and as exports write it); empty means no steps."""
+    text = text.strip()
+    if not text:
+        return None, None
+    first, _, last = text.partition("-")
+    try:
+        return step_range(int(first), int(last or first))
+    except ValueError:
+        raise UserError(f"steps are FIRST or FIRST-LAST, not {text!r}") from None
+
+
 def number_ref(ref: str) -> int | None:
     """The number in ``12`` or ``#12``; None when ``ref`` is not a number (then it is a UUID)."""
     match = _NUMBER_REF.fullmatch(ref.strip())
@@ -259,6 +273,3 @@ def number_ref(ref: str) -> int | None:
 def dumps(data: Any) -> str:
     """The one JSON form stored and exported: sorted keys, so equal data gives equal text."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-SEVERITY_CHOICES: tuple[str, ...] = tuple(SEVERITIES)

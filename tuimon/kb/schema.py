@@ -213,10 +213,6 @@ def schema_version(db: sqlite_utils.Database) -> int:
     return len(migrations.applied(db))
 
 
-def latest_version() -> int:
-    return len(MIGRATION_NAMES)
-
-
 def ensure_current(db: sqlite_utils.Database) -> None:
     """Apply pending migrations under the write lock; refuse a database from a newer tuimon.
 

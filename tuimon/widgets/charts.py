@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Tab, Tabs
@@ -21,7 +22,9 @@ from tuimon.widgets.text import number
 
 #: Metrics shown first, in this order; others follow in the order they appeared.
 PREFERRED_METRICS = ("loss", "lr", "grad_norm", *THROUGHPUT_METRICS, "step_time", "data_time")
-_EVENT_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
+#: Theme variable for an event marker of each severity (the theme decides the actual colours,
+#: so the high-contrast theme's markers differ in brightness too).
+_EVENT_COLORS = {"critical": "error", "warning": "warning", "info": "secondary"}
 
 
 def order_metrics(names: list[str]) -> list[str]:
@@ -134,11 +137,15 @@ class MetricChart(Vertical):
         self._activate_tab()
         self._drawn = None
 
+    def _color(self, variable: str) -> tuple[int, int, int]:
+        """A theme colour as plotext takes it (an RGB triple)."""
+        return Color.parse(self.app.theme_variables[variable]).rgb
+
     def show(
         self, steps: Sequence[int], values: Sequence[float], events: list[EventRecord], version: object
     ) -> None:
         """Redraw if anything drawn changed (``version`` identifies the data shown)."""
-        key = (self.metric, version, self.size)
+        key = (self.metric, version, self.size, self.app.theme)
         if key == self._drawn:
             return
         self._drawn = key
@@ -147,8 +154,7 @@ class MetricChart(Vertical):
         plt.clear_data()
         width = max(plot.size.width - 12, 10)
         xs, ys = envelope(steps, values, width)
-        latest = next((v for v in reversed(values)), None)
-        plt.title(f"{self.metric}  last {number(latest)}" if values else f"{self.metric}: no data yet")
+        title = f"{self.metric}  last {number(values[-1])}" if values else f"{self.metric}: no data yet"
         if xs:
             # A loss spike 100x the usual level would flatten everything else on a linear axis.
             logarithmic = self.metric == "lr" or (min(ys) > 0 and max(ys) / min(ys) > 30)
@@ -159,10 +165,13 @@ class MetricChart(Vertical):
             low, high = min(ys), max(ys)
             ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
             plt.yticks(ticks, [number(10**tick if logarithmic else tick, 3) for tick in ticks])
-            plt.plot(xs, ys, marker="braille")
+            plt.plot(xs, ys, marker="braille", color=self._color("primary"))
             first, last = steps[0], steps[-1]
-            for event in events:
-                if event.step is not None and first <= event.step <= last:
-                    plt.vline(event.step, _EVENT_COLORS.get(event.severity, "blue"))
+            marked = [e for e in events if e.step is not None and first <= e.step <= last]
+            for event in marked:
+                plt.vline(event.step, self._color(_EVENT_COLORS.get(event.severity, "secondary")))
+            if marked:
+                title += f"   │ = event ({len(marked)})"
+        plt.title(title)
         plt.xlabel("step")
         plot.refresh()

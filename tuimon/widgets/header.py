@@ -36,6 +36,8 @@ def connection(view: RunView | None, source: SourceStatus, now: float) -> Conten
         parts.append(Content.styled(f"{state} {speed} {position}/{total}", "bold $accent"))
     if view is not None:
         label, style = _HEALTH[view.health]
+        if source.kind == "replay" and view.health == "live":
+            label = "● RUNNING"  # the run's state at this point of the recording, not a live link
         if view.health == "ended" and view.end_status:
             label = f"■ ENDED: {view.end_status}"
             style = _END_STYLE.get(view.end_status, style)

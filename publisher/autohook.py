@@ -1,0 +1,219 @@
+"""Zero-code instrumentation: monitor an unmodified PyTorch program (what ``tuimon run`` loads).
+
+``tuimon run`` puts ``publisher/_autostart`` on ``PYTHONPATH``; its ``sitecustomize`` calls
+:func:`install` in every Python process of the job (the launcher, ``torchrun`` workers, children
+of ``torch.multiprocessing.spawn``). Nothing happens until the program imports torch, and no
+Monitor exists until an optimizer steps, so processes that never train (a launcher, DataLoader
+workers, a helper script) publish nothing.
+
+What is hooked, all through public PyTorch extension points or thin wrappers:
+
+- ``torch.optim.optimizer.register_optimizer_step_post_hook``: every ``optimizer.step()``. The
+  first optimizer to step is the *primary* one; each of its steps is one training step and
+  calls :meth:`Monitor.step`. Other optimizers (a GAN's second one) join the Monitor.
+- ``Tensor.backward``: a scalar tensor that is backpropagated is the loss; the losses since the
+  previous step are averaged (gradient accumulation, LBFGS closures).
+- ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``) and its size
+  (``samples_per_s``).
+
+Configuration comes from the environment ``tuimon run`` sets: ``TUIMON_RUN``,
+``TUIMON_RECORD`` (a path prefix: each process appends ``.rank<R>.pid<P>.jsonl``),
+``TUIMON_ENDPOINT`` (a ``tcp://host:port`` gets ``port + local rank``), ``TUIMON_GPU``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import time
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from publisher.monitor import Monitor
+
+log = logging.getLogger("tuimon.publisher")
+
+ENV_AUTOSTART = "TUIMON_AUTOSTART"
+ENV_RUN = "TUIMON_RUN"
+ENV_RECORD = "TUIMON_RECORD"
+ENV_ENDPOINT = "TUIMON_ENDPOINT"
+ENV_GPU = "TUIMON_GPU"
+
+
+def record_path(prefix: str, rank: int, pid: int) -> str:
+    """This process's recording: one file per process, every name starting with ``prefix``."""
+    return f"{prefix}.rank{rank}.pid{pid}.jsonl"
+
+
+def endpoint_for(endpoint: str | None, local_rank: int) -> str | None:
+    """The PUB address of one process: a fixed TCP port is shifted by the local rank.
+
+    Several processes on a node cannot bind one port; ``tcp://127.0.0.1:5555`` thus becomes
+    5555 for local rank 0, 5556 for local rank 1, and so on. Other addresses are used as given.
+    """
+    if not endpoint or not endpoint.startswith("tcp://") or local_rank == 0:
+        return endpoint
+    address, _, port = endpoint.rpartition(":")
+    if not port.isdigit():
+        return endpoint
+    return f"{address}:{int(port) + local_rank}"
+
+
+class _Session:
+    """What one process has seen since its last training step, and its Monitor once it trains."""
+
+    def __init__(self) -> None:
+        self.monitor: Monitor | None = None
+        self.primary: Any = None  # the optimizer whose steps count as training steps
+        self.optimizers: list[Any] = []
+        self.losses: list[torch.Tensor] = []
+        self.data_time = 0.0
+        self.samples = 0
+        self.failed = False
+
+    def start_monitor(self, optimizer: Any) -> None:
+        from publisher.monitor import Monitor, default_rank
+
+        # By the first optimizer step torch.distributed is initialised, so the rank is known.
+        rank = default_rank()
+        prefix = os.environ.get(ENV_RECORD)
+        self.monitor = Monitor(
+            None,
+            optimizer,
+            run=os.environ.get(ENV_RUN) or None,
+            rank=rank,
+            endpoint=endpoint_for(os.environ.get(ENV_ENDPOINT), int(os.environ.get("LOCAL_RANK") or 0)),
+            record=record_path(prefix, rank, os.getpid()) if prefix else None,
+            gpu=os.environ.get(ENV_GPU) or "auto",
+        )
+        self.primary = optimizer
+        self.optimizers.append(optimizer)
+
+    def after_optimizer_step(self, optimizer: Any) -> None:
+        if self.failed:
+            return
+        try:
+            if self.monitor is None:
+                self.start_monitor(optimizer)
+            elif optimizer not in self.optimizers:
+                self.optimizers.append(optimizer)
+                self.monitor.add_optimizer(optimizer)
+            if optimizer is not self.primary:
+                return
+            loss = self._take_loss()
+            samples, data_time = self.samples or None, self.data_time or None
+            self.samples, self.data_time = 0, 0.0
+            self.monitor.step(loss, samples=samples, data_time=data_time)
+        except Exception as exc:  # never break the user's training because of telemetry
+            self.failed = True
+            log.warning("tuimon: zero-code monitoring stopped (%s: %s)", type(exc).__name__, exc)
+
+    def _take_loss(self) -> Any:
+        losses, self.losses = self.losses, []
+        if not losses:
+            return None
+        if len(losses) == 1:
+            return losses[0]
+        import torch
+
+        return torch.stack([loss.reshape(()).float() for loss in losses]).mean()
+
+
+_session = _Session()
+
+
+def _instrument(torch: ModuleType) -> None:
+    """Install the hooks on an imported torch; safe to call twice."""
+    if getattr(torch, "_tuimon_instrumented", False):
+        return
+    torch._tuimon_instrumented = True
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    register_optimizer_step_post_hook(
+        lambda optimizer, args, kwargs: _session.after_optimizer_step(optimizer)
+    )
+
+    original_backward = torch.Tensor.backward
+
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.numel() == 1:
+            _session.losses.append(self.detach())
+        return original_backward(self, *args, **kwargs)
+
+    backward.__doc__ = original_backward.__doc__
+    torch.Tensor.backward = backward
+
+    original_next = _BaseDataLoaderIter.__next__
+
+    def next_batch(self: Any) -> Any:
+        started = time.perf_counter()
+        batch = original_next(self)
+        _session.data_time += time.perf_counter() - started
+        _session.samples += _batch_size(batch)
+        return batch
+
+    _BaseDataLoaderIter.__next__ = next_batch
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor (0 when there is none)."""
+    while isinstance(batch, list | tuple) and batch:
+        batch = batch[0]
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape else 0
+
+
+class _InstrumentTorchOnImport(importlib.abc.MetaPathFinder):
+    """Runs :func:`_instrument` right after ``import torch`` completes, wherever it happens."""
+
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _AfterExec(spec.loader)
+        return spec
+
+
+class _AfterExec(importlib.abc.Loader):
+    """Delegates to torch's own loader, then instruments, then puts the original loader back."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        try:
+            _instrument(module)
+        except Exception as exc:
+            log.warning(
+                "tuimon: could not instrument torch (%s: %s); running unmonitored", type(exc).__name__, exc
+            )
+
+
+def install() -> None:
+    """Instrument torch now if it is imported, else as soon as it is."""
+    if "torch" in sys.modules:
+        _instrument(sys.modules["torch"])
+    elif not any(isinstance(finder, _InstrumentTorchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _InstrumentTorchOnImport())

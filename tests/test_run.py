@@ -1,0 +1,112 @@
+"""`tuimon run`: an unmodified PyTorch script, launched as a real subprocess, is monitored."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TUIMON = [sys.executable, "-m", "tuimon.cli"]
+
+
+def tuimon_run(tmp_path: Path, *script_args: str, run: str = "plain", script: str = "plain_train.py"):
+    prefix = tmp_path / "rec" / "exp"
+    result = subprocess.run(
+        [
+            *TUIMON,
+            "run",
+            "--run",
+            run,
+            "--record",
+            str(prefix),
+            "--gpu",
+            "none",
+            "--",
+            sys.executable,
+            str(SCRIPTS / script),
+            *script_args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    recordings = sorted(prefix.parent.glob("exp.rank*.jsonl")) if prefix.parent.exists() else []
+    return result, recordings
+
+
+def messages(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def of_type(msgs: list[dict], msg_type: str) -> list[dict]:
+    return [m for m in msgs if m["type"] == msg_type]
+
+
+def test_plain_script_is_monitored_without_code_change(tmp_path: Path) -> None:
+    result, recordings = tuimon_run(tmp_path, "--steps", "60")
+    assert result.returncode == 0, result.stderr
+    assert len(recordings) == 1 and ".rank0." in recordings[0].name
+    msgs = messages(recordings[0])
+    start = of_type(msgs, "run_start")[0]
+    assert start["run"] == "plain" and start["rank"] == 0
+    assert any(arg.endswith("plain_train.py") for arg in start["argv"])
+    metrics = of_type(msgs, "metrics")
+    assert [m["step"] for m in metrics] == list(range(1, 61))
+    losses = [m["metrics"]["loss"] for m in metrics]
+    assert sum(losses[-10:]) < 0.5 * sum(losses[:10]), "the loss of this regression task falls"
+    later = metrics[-1]["metrics"]
+    assert later["lr"] == pytest.approx(0.05)
+    assert later["grad_norm"] > 0
+    assert later["data_time"] > 0, "time waiting on the DataLoader is measured"
+    assert later["samples_per_s"] > 0, "batch size is read from the DataLoader"
+    assert of_type(msgs, "run_end")[-1]["status"] == "completed"
+
+
+def test_exit_status_is_the_commands(tmp_path: Path) -> None:
+    result, _ = tuimon_run(tmp_path, "--steps", "5", "--exit-code", "3")
+    assert result.returncode == 3
+
+
+def test_crash_is_recorded_as_failed(tmp_path: Path) -> None:
+    result, recordings = tuimon_run(tmp_path, "--steps", "50", "--raise-at", "7")
+    assert result.returncode == 1
+    assert "RuntimeError: boom" in result.stderr
+    end = of_type(messages(recordings[0]), "run_end")[-1]
+    assert end["status"] == "failed" and "boom" in end["error"]
+    assert end["step"] == 7
+
+
+def test_nan_loss_is_detected_without_code_change(tmp_path: Path) -> None:
+    result, recordings = tuimon_run(tmp_path, "--steps", "30", "--nan-at", "12")
+    assert result.returncode == 0, result.stderr
+    events = [e for e in of_type(messages(recordings[0]), "event") if e["kind"] == "nonfinite_loss"]
+    assert events, "a NaN loss raises a nonfinite_loss event"
+    assert events[0]["severity"] == "critical"
+    assert 12 <= events[0]["step"] <= 13
+
+
+def test_spawned_children_report_their_own_rank(tmp_path: Path) -> None:
+    result, recordings = tuimon_run(
+        tmp_path, str(tmp_path / "dist-init"), "8", run="ddp", script="plain_spawn_ddp.py"
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(recordings) == 2, "one recording per training process, none for the launcher"
+    starts = [of_type(messages(path), "run_start")[0] for path in recordings]
+    assert sorted(s["rank"] for s in starts) == [0, 1]
+    assert {s["run"] for s in starts} == {"ddp"}
+    assert all(s["world_size"] == 2 for s in starts)
+    for path in recordings:
+        assert len(of_type(messages(path), "metrics")) == 8
+
+
+def test_missing_command_is_a_one_line_error(tmp_path: Path) -> None:
+    result = subprocess.run([*TUIMON, "run", "--", "no-such-program-xyz"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip() == "tuimon: error: command not found: 'no-such-program-xyz' "
+        "(check the name or give its full path)"
+    )

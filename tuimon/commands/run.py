@@ -1,0 +1,104 @@
+"""``tuimon run -- COMMAND``: monitor an unmodified training program (zero code change)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tuimon.errors import UserError
+
+#: Signals passed on to the training program rather than killing the launcher first.
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a training program with the publisher attached, no code change",
+        description=(
+            "Run COMMAND with tuimon's publisher hooked into PyTorch in every Python process it "
+            "starts (torchrun workers and torch.multiprocessing.spawn children included; each "
+            "reports its own rank). Watch it with `tuimon watch`. The exit status is COMMAND's."
+        ),
+        epilog="example: tuimon run --record runs/exp1 -- python train.py --lr 3e-4",
+    )
+    parser.add_argument(
+        "--run", metavar="NAME", help="run name shared by all ranks (default: script name + time)"
+    )
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        help="record every message: each process writes PATH.rank<R>.pid<P>.jsonl",
+    )
+    parser.add_argument(
+        "--endpoint",
+        metavar="ADDR",
+        help="PUB address (default tcp://127.0.0.1:<random>); a fixed port is shifted by the local rank",
+    )
+    parser.add_argument(
+        "--gpu",
+        choices=("auto", "nvml", "simulated", "none"),
+        default="auto",
+        help="GPU telemetry source (default: NVML when a driver exists)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    parser.set_defaults(handler=run)
+
+
+def _default_run_name(command: list[str]) -> str:
+    """``train-20261129-193000`` for ``python train.py``: the script's name, else the program's."""
+    script = next((arg for arg in command[1:] if arg.endswith(".py")), command[0])
+    return f"{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def child_environment(
+    *, run: str, record: str | None, endpoint: str | None, gpu: str, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment that makes every Python process of the job load the publisher's hooks."""
+    import publisher
+
+    env = dict(os.environ if base is None else base)
+    autostart = str(Path(publisher.__file__).resolve().parent / "_autostart")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (autostart, env.get("PYTHONPATH"))))
+    env["TUIMON_AUTOSTART"] = "1"
+    env["TUIMON_RUN"] = run
+    env["TUIMON_GPU"] = gpu
+    for name, value in (("TUIMON_RECORD", record), ("TUIMON_ENDPOINT", endpoint)):
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UserError("no command given: use `tuimon run [OPTIONS] -- python train.py ...`")
+    if shutil.which(command[0]) is None:
+        raise UserError(f"command not found: {command[0]!r} (check the name or give its full path)")
+    record = None
+    if args.record:
+        record = str(Path(args.record).expanduser().resolve())
+        Path(record).parent.mkdir(parents=True, exist_ok=True)
+    env = child_environment(
+        run=args.run or _default_run_name(command), record=record, endpoint=args.endpoint, gpu=args.gpu
+    )
+    child = subprocess.Popen(command, env=env)
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: child.send_signal(signum)) for sig in _FORWARDED
+    }
+    try:
+        status = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    # A child killed by a signal: report it the way a shell does.
+    return 128 - status if status < 0 else status
