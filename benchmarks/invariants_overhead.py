@@ -21,8 +21,8 @@ from publisher.invariants import InvariantChecker
 
 SIZES = {
     # name: (layer widths, batch size)
-    "small (~1 ms step)": ((128, 384, 384, 10), 64),
-    "large (>=20 ms step)": ((512, 2048, 2048, 2048, 10), 256),
+    "small (~1 ms step)": ((64, 256, 256, 10), 32),
+    "large (>=20 ms step)": ((256, 1024, 1024, 10), 128),
 }
 
 

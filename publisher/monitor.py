@@ -63,7 +63,8 @@ def _distributed() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _default_rank() -> int:
+def default_rank() -> int:
+    """``$RANK``, else the torch.distributed rank once a process group is up, else 0."""
     rank = _env_int("RANK")
     if rank is not None:
         return rank
@@ -129,15 +130,16 @@ class Monitor:
         grad_norm_budget: float = GRAD_NORM_BUDGET,
     ) -> None:
         self.run = run or _default_run_name()
-        self.rank = _default_rank() if rank is None else rank
+        self.rank = default_rank() if rank is None else rank
         self.world_size = _default_world_size() if world_size is None else world_size
         self.telemetry_errors = 0
         self._closed = False
         self._pid = os.getpid()
-        self._optimizer = optimizer
+        self._optimizer = optimizer  # the primary one: its lr is the run's lr
+        self._optimizers = [optimizer] if optimizer is not None else []
         self._model = model
         self._params = self._trained_params()
-        self._n_groups = len(optimizer.param_groups) if optimizer is not None else 0
+        self._n_groups = sum(len(opt.param_groups) for opt in self._optimizers)
         self._mixed_devices = False
         self._grad_norm_budget = grad_norm_budget
         self._grad_norm_cold = True  # the first computation pays one-off set-up: not a measure
@@ -188,7 +190,7 @@ class Monitor:
 
     def step(
         self,
-        loss: torch.Tensor | float,
+        loss: torch.Tensor | float | None,
         *,
         tokens: int | None = None,
         samples: int | None = None,
@@ -219,7 +221,7 @@ class Monitor:
 
     def _record_step(
         self,
-        loss: torch.Tensor | float,
+        loss: torch.Tensor | float | None,
         tokens: int | None,
         samples: int | None,
         data_time: float | None,
@@ -238,7 +240,8 @@ class Monitor:
                 loss, grad_norm = pair.tolist()
             else:
                 loss = loss.item()
-        metrics["loss"] = loss = float(loss)
+        if loss is not None:
+            metrics["loss"] = loss = float(loss)
         optimizer = self._optimizer
         if optimizer is not None:
             groups = optimizer.param_groups
@@ -265,7 +268,7 @@ class Monitor:
         if now - self._mem_at >= HOST_MEM_INTERVAL_S:
             self._mem_at = now
             metrics["host_mem_bytes"] = sysinfo.host_rss_bytes()
-        finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(metrics["grad_norm"]))
+        finite = all(math.isfinite(metrics[name]) for name in ("loss", "grad_norm") if name in metrics)
         for name, value in extra.items():
             try:
                 metrics[name] = value = value.item() if isinstance(value, torch.Tensor) else float(value)
@@ -311,8 +314,9 @@ class Monitor:
         One fused ``_foreach_norm`` plus one ``vector_norm``; models spread over several devices
         take ``get_total_norm``'s slower per-device path (detected once).
         """
-        if self._optimizer is not None and len(self._optimizer.param_groups) != self._n_groups:
-            self._n_groups = len(self._optimizer.param_groups)  # add_param_group() since last step
+        n_groups = sum(len(optimizer.param_groups) for optimizer in self._optimizers)
+        if n_groups != self._n_groups:
+            self._n_groups = n_groups  # add_param_group() since last step
             self._params = self._trained_params()
         grads = [p.grad for p in self._params if p.grad is not None]
         if not grads:
@@ -325,11 +329,25 @@ class Monitor:
         return torch.nn.utils.get_total_norm(grads)
 
     def _trained_params(self) -> list[torch.Tensor]:
-        if self._optimizer is not None:
-            return [p for group in self._optimizer.param_groups for p in group["params"]]
+        if self._optimizers:
+            groups = [group for opt in self._optimizers for group in opt.param_groups]
+            return list({id(p): p for group in groups for p in group["params"]}.values())
         if self._model is not None:
             return [p for p in self._model.parameters() if p.requires_grad]
         return []
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Watch one more optimizer (a GAN's second one): its parameters join the gradient norm.
+
+        The first optimizer stays the primary one, whose learning rate is reported as ``lr``.
+        """
+        if any(optimizer is known for known in self._optimizers):
+            return
+        self._optimizers.append(optimizer)
+        if self._optimizer is None:
+            self._optimizer = optimizer
+        self._params = self._trained_params()
+        self._n_groups = sum(len(opt.param_groups) for opt in self._optimizers)
 
     def track_data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Iterate ``iterable``, timing each fetch; the next :meth:`step` reports it as ``data_time``."""

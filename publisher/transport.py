@@ -88,7 +88,7 @@ def _is_snapshot_request(frame: bytes) -> bool:
 
 def end_status(exc: BaseException | None) -> tuple[str, str | None]:
     """The ``run_end`` status and error for a run that ended with ``exc`` (None: it completed)."""
-    if exc is None:
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
         return "completed", None
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", None

@@ -13,6 +13,8 @@ import psutil
 import pytest
 from conftest import TUIMON, Terminal
 
+from tuimon.app import HANGUP_GRACE_S
+
 #: A closed terminal must end the dashboard within this many seconds.
 HANGUP_EXIT_S = 5.0
 
@@ -113,5 +115,21 @@ def test_a_dead_terminal_without_sighup_ends_the_dashboard(dashboard_args: tuple
         terminal.read_until(b"Quit")
         terminal.close()
         assert_exits_quickly(terminal.process)
+    finally:
+        terminal.kill()
+
+
+def test_sighup_ends_the_dashboard_even_when_its_terminal_stopped_reading(recording: Path) -> None:
+    """A frozen SSH link: output backs up until Textual's UI thread blocks on its output queue;
+    only a watch outside the UI thread can still end the process."""
+    terminal = Terminal(["replay", str(recording), "--speed", "64"], {}, controlling=True)
+    try:
+        terminal.read_until(b"Quit")
+        time.sleep(4.0)  # nobody reads: the pty buffer and Textual's output queue fill up
+        terminal.process.send_signal(signal.SIGHUP)
+        started = time.monotonic()
+        while terminal.process.poll() is None and time.monotonic() - started < HANGUP_GRACE_S + 3:
+            time.sleep(0.1)  # still not reading
+        assert terminal.process.poll() is not None, "the dashboard hung on its stopped terminal"
     finally:
         terminal.kill()

@@ -11,20 +11,21 @@ the selected event, the run and a window of metrics around the event, read from 
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import importlib.util
 import os
 import signal
 import sys
 import termios
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import ClassVar, Protocol
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
@@ -42,6 +43,8 @@ from tuimon.widgets.status import StatusLine
 #: Redraw rates (Hz): numbers and tables; charts (a plotext redraw costs far more).
 NUMBERS_HZ = 4.0
 CHARTS_HZ = 1.25
+#: Seconds the app gets to exit cleanly after its terminal went away, before the process is ended.
+HANGUP_GRACE_S = 3.0
 #: The module an incident screen lives in; its key is shown only once it exists.
 INCIDENT_SCREEN_MODULE = "tuimon.screens.incidents"
 _REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_to"})
@@ -75,8 +78,8 @@ class EventContext:
 
 
 class TuimonApp(App[None]):
-    """The dashboard. ``run`` preselects a run; ``exit_on_hangup`` makes SIGHUP/SIGTERM quit
-    cleanly (set by the commands; tests leave the process's signal handlers alone)."""
+    """The dashboard over ``source``; ``run`` preselects a run. Commands start it through
+    :func:`run_dashboard`, which also ends it when the terminal goes away."""
 
     TITLE = "tuimon"
     CSS = """
@@ -120,14 +123,12 @@ class TuimonApp(App[None]):
         *,
         theme: str = DEFAULT_THEME,
         run: str | None = None,
-        exit_on_hangup: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
         self.store = source.store
         self.run_name: str | None = None
         self._wanted_run = run
-        self._exit_on_hangup = exit_on_hangup
         for custom in load_themes().values():
             self.register_theme(custom)
         self._initial_theme = theme
@@ -150,34 +151,11 @@ class TuimonApp(App[None]):
 
     def on_mount(self) -> None:
         self.theme = self._initial_theme
-        if self._exit_on_hangup:
-            self._watch_terminal()
         self.source.start()
         self.query_one(EventLog).focus()
         self.refresh_numbers()
         self.set_interval(1 / NUMBERS_HZ, self.refresh_numbers)
         self.set_interval(1 / CHARTS_HZ, self.refresh_chart)
-
-    def _watch_terminal(self) -> None:
-        """Quit when the terminal goes away, instead of spinning a core on a dead tty.
-
-        Without this, Textual 8 dies on SIGHUP by the default action (no cleanup: a demo's child
-        and the terminal modes are left as they are) and, when SIGHUP is ignored (nohup, disown)
-        or never sent (no controlling terminal), its input thread spins on the hung-up terminal.
-        After a hangup every terminal ioctl fails, so a once-a-second ``tcgetattr`` notices.
-        """
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGHUP, signal.SIGTERM):
-            loop.add_signal_handler(signum, self.exit)
-        stdin = sys.__stdin__
-        if stdin is not None and os.isatty(stdin.fileno()):
-            self.set_interval(1.0, partial(self._check_terminal, stdin.fileno()))
-
-    def _check_terminal(self, fd: int) -> None:
-        try:
-            termios.tcgetattr(fd)
-        except (termios.error, OSError):
-            self.exit()
 
     def on_unmount(self) -> None:
         self.source.stop()
@@ -201,6 +179,10 @@ class TuimonApp(App[None]):
 
     def refresh_numbers(self) -> None:
         """Header, GPUs, tables and status line, each only if what it shows changed."""
+        with contextlib.suppress(NoMatches):  # a tick that fires while the app is being torn down
+            self._refresh_numbers()
+
+    def _refresh_numbers(self) -> None:
         store = self.store
         if store.generation != self._generation:
             self._generation = store.generation
@@ -233,6 +215,10 @@ class TuimonApp(App[None]):
 
     def refresh_chart(self) -> None:
         """The selected metric's chart, when the dashboard is the visible screen."""
+        with contextlib.suppress(NoMatches):  # a tick that fires while the app is being torn down
+            self._refresh_chart()
+
+    def _refresh_chart(self) -> None:
         run = self.run_name
         if run is None or self.screen is not self.screen_stack[0]:
             return
@@ -386,10 +372,75 @@ class TuimonApp(App[None]):
         self.theme = name
 
 
-def run_dashboard(source: Source, theme: str | None, *, run: str | None = None) -> int:
+def run_dashboard(
+    source: Source, theme: str | None, *, run: str | None = None, cleanup: Callable[[], None] | None = None
+) -> int:
     """Run the dashboard on ``source`` until the user quits or the terminal goes away (the
-    commands' shared entry point); an unknown theme or a broken theme file is a UserError."""
+    commands' shared entry point). An unknown theme or a broken theme file is a UserError.
+    ``cleanup`` runs if the process has to be ended hard (see :class:`TerminalWatch`)."""
     chosen = check_theme_name(theme or DEFAULT_THEME, load_themes())
-    app = TuimonApp(source, theme=chosen, run=run, exit_on_hangup=True)
-    app.run()
+    app = TuimonApp(source, theme=chosen, run=run)
+    stdin = sys.__stdin__
+    terminal = stdin.fileno() if stdin is not None and os.isatty(stdin.fileno()) else None
+    with TerminalWatch(app, terminal, cleanup):
+        app.run()
     return app.return_code or 0
+
+
+class TerminalWatch:
+    """Ends the dashboard when its terminal goes away (SSH dropped), whatever state the UI is in.
+
+    Textual 8 alone: SIGHUP kills the process by the default action (no cleanup, a demo's training
+    left running); when SIGHUP is ignored (nohup) or never sent (no controlling terminal), its
+    input thread spins a core on the hung-up terminal; and its output thread dies on the first
+    write error, after which the UI thread blocks for ever on the full output queue. So this watch
+    runs on a thread of its own: on SIGHUP or SIGTERM, or when ``tcgetattr`` fails (every terminal
+    ioctl fails after a hangup; checked every second), it asks the app to exit, and if the process
+    is still there :data:`HANGUP_GRACE_S` later it runs ``cleanup`` and exits hard.
+    """
+
+    def __init__(self, app: App[None], terminal: int | None, cleanup: Callable[[], None] | None) -> None:
+        self.app = app
+        self.terminal = terminal
+        self.cleanup = cleanup
+        self._trigger = threading.Event()
+        self._done = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> TerminalWatch:
+        for signum in (signal.SIGHUP, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._signalled)
+        threading.Thread(target=self._watch, name="tuimon-terminal-watch", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _signalled(self, signum: int, frame: object) -> None:
+        self._trigger.set()  # only this: the main thread may be stuck anywhere
+
+    def _terminal_gone(self) -> bool:
+        if self.terminal is None:
+            return False
+        try:
+            termios.tcgetattr(self.terminal)
+        except (termios.error, OSError):
+            return True
+        return False
+
+    def _watch(self) -> None:
+        while not self._trigger.wait(1.0):
+            if self._done.is_set():
+                return
+            if self._terminal_gone():
+                break
+        if self._done.is_set():
+            return
+        self.app.exit()  # posts a message: safe from this thread
+        if self._done.wait(HANGUP_GRACE_S):
+            return
+        if self.cleanup is not None:
+            self.cleanup()
+        os._exit(129)

@@ -12,8 +12,9 @@ without special cases: gradient accumulation (k backwards, the first sees the cl
 LBFGS closures (``zero_grad`` + backward inside ``step()``, so inside the window), and GANs
 (D's parameters receive G-loss gradients, but ``opt_d.zero_grad()`` still precedes D's backward).
 
-Windows are armed only before sampled steps, so the hook does nothing most of the time. On CUDA
-the all-zero test stays a device tensor until the window closes and is then read without a sync.
+Windows are opened only before sampled steps, and the hook is installed only while one is open,
+so most backward passes never call into Python. On CUDA the all-zero test stays a device tensor
+until the window closes and is then read without a sync.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class ClearingCheck(Check):
 
     def close(self) -> None:
         self.armed = False
+        self._unhook()
+
+    def _unhook(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -90,10 +94,12 @@ class ClearingCheck(Check):
         _, i = min(candidates)
         self._sentinel = watched.params[i]
         self._sentinel_name = watched.label(self._namer, i)
-        self._handle = self._sentinel.register_hook(self._on_gradient)
         return True
 
     def _open_window(self) -> None:
+        # The hook is installed for the window only: outside, backward does not call into Python.
+        if self._handle is None:
+            self._handle = self._sentinel.register_hook(self._on_gradient)
         self.armed = True
         self._backwards = 0
         self._cleared = False
@@ -117,6 +123,7 @@ class ClearingCheck(Check):
 
     def _close_window(self, step: int) -> None:
         self.armed = False
+        self._unhook()
         if self._backwards == 0:
             return  # no backward reached the sentinel: no verdict
         backwards = self._backwards

@@ -1,30 +1,41 @@
 """``optimizer.step()`` changes what it should and nothing else.
 
-Two invariants share one before/after comparison of an optimizer step:
+Two invariants share one before/after look at an optimizer step:
 
-* ``optimizer_changes_params``: a parameter with a non-zero, finite gradient and ``lr > 0`` changes.
-  Catches steps that return before updating, updates assigned to a local (``p = p - lr * g``),
-  optimizers over tensors that are not in the graph, optimizers over frozen parameters only.
+* ``optimizer_changes_params``: a parameter holding a gradient, with ``lr > 0``, changes. Catches
+  steps that return before updating, updates assigned to a local (``p = p - lr * g``), and (through
+  "no parameter holds a gradient") optimizers over tensors outside the graph or over frozen ones.
 * ``frozen_stay_frozen``: a parameter with ``requires_grad=False`` that the optimizer owns does not
   change during ``step()`` (momentum or weight decay applied through stale zero gradients after
   freezing). Only the step is watched, not the whole run: target networks updated by an EMA
-  outside the optimizer (MoCo, BYOL, DQN) are frozen *and* meant to move. All frozen parameters
-  are compared on the first steps; later only those holding a gradient tensor, since built-in
-  optimizers skip a parameter whose ``.grad`` is None.
+  outside the optimizer (MoCo, BYOL, DQN) are frozen *and* meant to move.
 
-How: on a sampled step, the pre-hook copies at most ``probe_elements`` elements of each parameter
-(every k-th element; for a sparse gradient, the rows it touches) and the largest |gradient| over
-the same elements; the post-hook compares with one ``_foreach_sub`` and one ``_foreach_norm``. A
-parameter whose sampled gradient is zero makes no promise, so sparse or partly dead gradients
-never count against it. An unchanged parameter is a suspect until the check on the next step
-agrees (the lone step where a tiny update rounds away does not count). Steps given a closure
-(LBFGS) are skipped: they evaluate the model themselves and may legitimately reject a move.
+How, cheaply: every in-place write bumps a tensor's version counter (``p._version``, a host-side
+integer), and torch's optimizers write every parameter that holds a gradient. So on a sampled step
+the pre- and post-hook read the versions: no tensor op, no device work. Values are compared only
+where versions cannot tell:
+
+* a parameter whose version did not move becomes a *suspect*; on the next step (asked for at once)
+  its values are compared: at most ``probe_elements`` elements (every k-th; for a sparse gradient
+  the rows it touches) copied before and compared after, together with the largest |gradient| on
+  the same elements, so a zero gradient sample makes no promise. Unchanged values on that second
+  check confirm the violation;
+* an optimizer that changes values without bumping versions (fused kernels such as
+  ``Adam(fused=True)``, parameters filled by a collective) is found out on its first suspicion and
+  has its values compared on every sampled step from then on;
+* frozen parameters holding a gradient tensor have their values compared (an optimizer may write
+  them without changing them); frozen ones without a gradient only when their version moved.
+
+Values compared on a sampled step cost one ``cat`` before and one after, an element-wise ``!=``,
+two ``scatter_reduce`` (any element moved, largest gradient, per parameter) and one small tensor
+read back (see :class:`~publisher.invariants.core.PendingResults`), whatever the parameter count.
+Steps given a closure (LBFGS) are skipped: they evaluate the model themselves and may reject a move.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -51,14 +62,19 @@ _NOOP_CAUSES = [
     "the update is assigned to a local (p = p - lr * g) instead of applied in place (p.add_)",
     "the parameters were replaced (p.data = ..., re-created model) after the optimizer was built",
 ]
+_FROZEN_CAUSES = [
+    "momentum or weight decay applied through stale zero gradients (frozen after training started, "
+    "zero_grad(set_to_none=False))",
+    "a custom optimizer that does not skip parameters without gradients",
+]
 
 
 class _Sampler:
     """Flat samples of parameters: at most ``limit`` elements each, every k-th one.
 
-    For a contiguous parameter the sample is a view, cached between checks while the parameter
-    keeps its storage (the cached view keeps the old storage alive, so an equal ``data_ptr``
-    means the same storage); a non-contiguous one is copied each time.
+    For a contiguous parameter the sample is a view, cached while the parameter keeps its storage
+    (the cached view keeps the old storage alive, so an equal ``data_ptr`` means the same
+    storage); a non-contiguous one is copied each time.
     """
 
     def __init__(self, limit: int) -> None:
@@ -80,29 +96,31 @@ class _Sampler:
 
 
 @dataclass
+class _Values:
+    """Sampled values of some parameters before a step (and their gradients' largest entries)."""
+
+    indices: list[int]  # trained ones first, then frozen ones
+    trained: int  # how many of ``indices`` are trained parameters
+    rows: dict[int, torch.Tensor]  # parameter index -> rows compared (sparse gradients)
+    before: torch.Tensor  # all samples, concatenated
+    lengths: list[int]
+    grad_max: torch.Tensor | None  # largest |gradient| in each trained parameter's sample
+
+
+@dataclass
 class _Snapshot:
     index: int  # the optimizer's step index
     step: int
-    trained: list[int]  # parameter indices expected to change (they hold a gradient)
-    frozen: list[int]  # parameter indices that must not change
-    rows: dict[int, torch.Tensor]  # parameter index -> rows compared (sparse gradients)
-    lr_positive: list[bool]
-    before: torch.Tensor  # all samples, concatenated
-    lengths: list[int]
-    grad_norms: torch.Tensor | None  # largest |gradient| in each trained parameter's sample
+    versions: list[int]
+    trained: list[int]  # parameters holding a gradient (expected to change when lr > 0)
+    frozen: list[int]  # parameters with requires_grad=False (must not change)
+    lr_positive: dict[int, bool]
+    values: _Values | None = None
+    written: set[int] = field(default_factory=set)
 
 
 class StepEffectCheck(Check):
-    """Compares sampled parameter values before and after one optimizer's sampled steps.
-
-    Cost of a sampled step, whatever the number of parameters: one ``cat`` of the samples
-    before and one after, an element-wise ``!=``, one ``scatter_reduce`` to get "any element
-    moved" per parameter, one ``cat`` + ``scatter_reduce`` for the largest gradient per
-    parameter, and one small tensor read back (see
-    :class:`~publisher.invariants.core.PendingResults`). Per-parameter Python is limited to
-    taking views (cached for the parameters themselves). (``_foreach_norm`` was measured slower
-    on the CPU for many small tensors: it loops per tensor.)
-    """
+    """Watches what one optimizer's sampled steps do to its parameters."""
 
     names = (UPDATES, FROZEN)
 
@@ -114,11 +132,12 @@ class StepEffectCheck(Check):
         self._namer = namer
         self._pending = pending
         self.schedule = Schedule(config.dense_steps, config.check_every)
-        self._dense_steps = config.dense_steps
         self._source = ("optimizer", watched.index)
         self._snapshot: _Snapshot | None = None
         self._segments: tuple[tuple[int, ...], torch.Tensor] | None = None
-        self._suspects: set[int] = set()
+        self._suspects: set[int] = set()  # trained parameters whose last check saw no change
+        self._frozen_suspects: set[int] = set()  # frozen ones written without a value comparison
+        self._values_always = False  # this optimizer changes values without bumping versions
         self._gradless_checks = 0
 
     @property
@@ -134,57 +153,73 @@ class StepEffectCheck(Check):
         if watched.refresh():
             self._sampler.forget()
         params = watched.params
-        trained = [i for i, p in enumerate(params) if p.requires_grad and p.grad is not None and is_checkable(p)]
-        # Built-in optimizers skip parameters whose .grad is None, so after the first steps only
-        # frozen parameters holding a (stale) gradient tensor are worth the copy.
-        dense = index < self._dense_steps
-        frozen = [i for i, p in enumerate(params)
-                  if not p.requires_grad and (dense or p.grad is not None) and is_checkable(p)]
+        trained = [i for i, p in enumerate(params) if p.requires_grad and p.grad is not None]
+        frozen = [i for i, p in enumerate(params) if not p.requires_grad]
         self._judge_gradless(index, step, bool(trained))
-        rows: dict[int, torch.Tensor] = {}
-        grad_samples = []
-        for i in trained:
-            grad = params[i].grad
-            if grad.is_sparse:
-                if grad.sparse_dim() != 1:
-                    continue
-                per_row = max(1, params[i][0].numel())
-                rows[i] = grad._indices()[0, : max(1, self._sampler.limit // per_row)]
-                grad_samples.append(grad._values()[: rows[i].numel()].reshape(-1))
-            else:
-                grad_samples.append(flat_sample(grad, sample_stride(grad.numel(), self._sampler.limit)))
-        trained = [i for i in trained if i in rows or not params[i].grad.is_sparse]
         if not trained and not frozen:
             return
-        samples = self._samples(params, trained + frozen, rows)
-        lengths = [s.numel() for s in samples]
-        before = torch.cat(samples) if len(samples) > 1 else samples[0].clone()
-        lr_positive = [(lr := watched.lr(watched.group_of[i])) is not None and lr > 0 for i in trained]
-        grad_norms = None
-        if grad_samples:  # the largest |gradient| of each parameter's sample
-            device = before.device
-            grads = torch.cat([g if g.device == device else g.to(device) for g in grad_samples])
-            segments = self._segment_ids(lengths, device)[: grads.numel()]
-            grad_norms = torch.zeros(len(grad_samples), dtype=grads.dtype, device=device).scatter_reduce_(
-                0, segments, grads.abs(), "amax")
-        self._snapshot = _Snapshot(index, step, trained, frozen, rows, lr_positive, before, lengths, grad_norms)
+        lr = {g: (value := watched.lr(g)) is not None and value > 0 for g in {watched.group_of[i] for i in trained}}
+        snap = _Snapshot(index, step, [p._version for p in params], trained, frozen,
+                         {i: lr[watched.group_of[i]] for i in trained})
+        compare = [i for i in trained if self._values_always or i in self._suspects]
+        compare += [i for i in frozen if params[i].grad is not None or i in self._frozen_suspects]
+        snap.values = self._take_values(params, [i for i in compare if is_checkable(params[i])], len(trained))
+        self._snapshot = snap
 
     def after_step(self) -> None:
         """Called when :meth:`before_step` took a snapshot."""
         snap, self._snapshot = self._snapshot, None
-        samples = self._samples(self._watched.params, snap.trained + snap.frozen, snap.rows)
-        device = snap.before.device
-        if [s.numel() for s in samples] == snap.lengths:
+        params = self._watched.params
+        snap.written = {i for i, p in enumerate(params) if p._version != snap.versions[i]}
+        values = snap.values
+        if values is None:
+            self._resolve(snap, None)
+            return
+        samples = self._samples(params, values.indices, values.rows)
+        device = values.before.device
+        if [s.numel() for s in samples] == values.lengths:
             after = torch.cat(samples) if len(samples) > 1 else samples[0]
             # NaN counts as moved: non-finite values are another detector's business.
             moved = torch.zeros(len(samples), device=device).scatter_reduce_(
-                0, self._segment_ids(snap.lengths, device), (after != snap.before).float(), "amax")
+                0, self._segment_ids(values.lengths, device), (after != values.before).float(), "amax")
         else:  # the step replaced a parameter by one of another size (a growing layer): it moved
             moved = torch.tensor([s.numel() != n or bool((s != b).any()) for s, n, b in
-                                  zip(samples, snap.lengths, snap.before.split(snap.lengths), strict=True)],
+                                  zip(samples, values.lengths, values.before.split(values.lengths), strict=True)],
                                  dtype=torch.float32, device=device)
-        verdict = moved if snap.grad_norms is None else torch.cat([moved, snap.grad_norms.to(moved.dtype)])
+        verdict = moved if values.grad_max is None else torch.cat([moved, values.grad_max.to(moved.dtype)])
         self._pending.add(self, verdict, partial(self._resolve, snap))
+
+    # ----------------------------------------------------------------- values
+
+    def _take_values(self, params: list[torch.Tensor], indices: list[int], n_trained: int) -> _Values | None:
+        trained = [i for i in indices if params[i].requires_grad]
+        frozen = [i for i in indices if not params[i].requires_grad]
+        rows: dict[int, torch.Tensor] = {}
+        grad_samples = []
+        for i in list(trained):
+            grad = params[i].grad
+            if not grad.is_sparse:
+                grad_samples.append(flat_sample(grad, sample_stride(grad.numel(), self._sampler.limit)))
+            elif grad.sparse_dim() == 1:
+                per_row = max(1, params[i][0].numel())
+                rows[i] = grad._indices()[0, : max(1, self._sampler.limit // per_row)]
+                grad_samples.append(grad._values()[: rows[i].numel()].reshape(-1))
+            else:
+                trained.remove(i)
+        indices = trained + frozen
+        if not indices:
+            return None
+        samples = self._samples(params, indices, rows)
+        lengths = [s.numel() for s in samples]
+        before = torch.cat(samples) if len(samples) > 1 else samples[0].clone()
+        grad_max = None
+        if grad_samples:
+            device = before.device
+            grads = torch.cat([g if g.device == device else g.to(device) for g in grad_samples])
+            segments = self._segment_ids(lengths, device)[: grads.numel()]
+            grad_max = torch.zeros(len(grad_samples), dtype=grads.dtype, device=device).scatter_reduce_(
+                0, segments, grads.abs(), "amax")
+        return _Values(indices, len(trained), rows, before, lengths, grad_max)
 
     def _samples(self, params: list[torch.Tensor], indices: list[int], rows: dict[int, torch.Tensor]
                  ) -> list[torch.Tensor]:
@@ -203,23 +238,33 @@ class StepEffectCheck(Check):
             self._segments = (key, ids)
         return self._segments[1]
 
-    def _resolve(self, snap: _Snapshot, verdict: torch.Tensor) -> None:
-        values = verdict.tolist()
-        n_trained, n_probes = len(snap.trained), len(snap.trained) + len(snap.frozen)
-        changed, grad_norms = values[:n_probes], values[n_probes:]
-        # A gradient sample that is non-zero and finite promises a change (lr > 0 given).
-        promised = [0 < g < math.inf and snap.lr_positive[k] for k, g in enumerate(grad_norms)]
-        expected = [i for k, i in enumerate(snap.trained) if promised[k]]
-        unchanged = {i for k, i in enumerate(snap.trained) if promised[k] and not changed[k]}
-        moved = [i for k, i in enumerate(snap.frozen) if changed[n_trained + k]]
-        self._judge_updates(snap, expected, unchanged)
-        if snap.frozen:
-            self._judge_frozen(snap, moved)
+    # ----------------------------------------------------------------- verdicts
 
-    def _judge_updates(self, snap: _Snapshot, expected: list[int], unchanged: set[int]) -> None:
+    def _resolve(self, snap: _Snapshot, verdict: torch.Tensor | None) -> None:
+        moved: dict[int, bool] = {}
+        promised: dict[int, bool] = {}
+        if snap.values is not None:
+            values = verdict.tolist()
+            indices = snap.values.indices
+            moved = {i: bool(m) for i, m in zip(indices, values, strict=False)}
+            # A gradient sample that is zero (or not finite) makes no promise.
+            promised = {i: 0 < g < math.inf for i, g in zip(indices, values[len(indices):], strict=False)}
+            if any(moved[i] and i not in snap.written for i in indices[: snap.values.trained]):
+                self._values_always = True  # fused kernels, collectives: versions do not tell
+        expected = [i for i in snap.trained if snap.lr_positive[i] and promised.get(i, True)]
+        unchanged = {i for i in expected if not moved.get(i, i in snap.written)}
+        self._judge_updates(snap, expected, unchanged, compared=set(moved))
+        if snap.frozen:
+            frozen_moved = [i for i in snap.frozen if moved.get(i, False)]
+            unsure = {i for i in snap.frozen if i in snap.written and i not in moved}
+            self._judge_frozen(snap, frozen_moved, unsure)
+
+    def _judge_updates(self, snap: _Snapshot, expected: list[int], unchanged: set[int], compared: set[int]
+                       ) -> None:
         if not expected:
             return
-        confirmed = sorted(unchanged & self._suspects)
+        # Only values compared on two checks in a row confirm; versions only raise suspicion.
+        confirmed = sorted(i for i in unchanged & self._suspects if i in compared)
         self._suspects = unchanged
         opt = self._watched.index
         if confirmed:
@@ -251,25 +296,26 @@ class StepEffectCheck(Check):
                    "its step() can never change anything")
             causes = ["the optimizer was given the frozen parameters instead of the trainable ones"]
         else:
-            why = (f"optimizer {opt}: none of its {len(params)} parameters has a gradient when step() runs, "
-                   "so step() changes nothing")
+            why = (f"optimizer {opt}: none of its {len(params)} parameters has a gradient when step() "
+                   "runs, so step() changes nothing")
             causes = ["the optimizer was built over other tensors than the model being trained "
                       "(model re-created, copied or reloaded after the optimizer)",
                       "zero_grad() runs between backward() and step()"]
         details = {"optimizer": opt, "params": len(params), "likely_causes": causes}
         self._board.violation(UPDATES, self._source, step, why, details, ["no gradients"])
 
-    def _judge_frozen(self, snap: _Snapshot, moved: list[int]) -> None:
+    def _judge_frozen(self, snap: _Snapshot, moved: list[int], unsure: set[int]) -> None:
         opt = self._watched.index
+        self._frozen_suspects = unsure  # written without a value comparison: compare next step
+        if unsure:
+            self.schedule.request(snap.index + 1)
         if moved:
             names = [self._watched.label(self._namer, i) for i in moved]
             message = (f"optimizer {opt}: step() changed {len(moved)} parameters that have "
                        f"requires_grad=False: {name_list(names)}")
             details = {"optimizer": opt, "params": names[:50], "changed": len(moved),
-                       "likely_causes": ["momentum or weight decay applied through stale zero gradients "
-                                         "(frozen after training started, zero_grad(set_to_none=False))",
-                                         "a custom optimizer that does not skip parameters without gradients"]}
+                       "likely_causes": _FROZEN_CAUSES}
             self._board.violation(FROZEN, self._source, snap.step, message, details, names)
-        else:
+        elif not unsure:
             self._board.report(FROZEN, self._source, "ok", snap.step,
                                f"optimizer {opt}: step() left its {len(snap.frozen)} frozen parameters unchanged")

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             watcher = threading.Thread(target=_report_exit, args=(child, source, log_path), daemon=True)
             watcher.start()
-            status = run_dashboard(source, args.theme)
+            status = run_dashboard(source, args.theme, cleanup=child.terminate)
         finally:
             exited_by_itself = _stop(child)
         failed = exited_by_itself and child.returncode != 0
