@@ -1,9 +1,11 @@
 """Step time with and without the invariant checker, at a ~1 ms and a >= 20 ms CPU training step.
 
 Blocks of steps with and without the checker alternate (the same model and optimizer), so load
-from other processes hits both alike; the ratio of medians is printed per model size. The checker
-is attached before a warm-up, so the numbers are its steady state (sampled checks every
-``check_every`` steps), not its first, denser steps.
+from other processes hits both alike; the ratio of medians is printed per model size, with the
+checker's own time per step measured inside its hooks (``InvariantChecker.overhead()``), which
+stays readable when the machine is too busy for the ratio to resolve 1 %. Times are CPU time of
+this process (one torch thread). The checker is attached before a warm-up, so the numbers are its
+steady state (sampled checks every ``check_every`` steps), not its first, denser steps.
 
     /work/main/.venv/bin/python benchmarks/invariants_overhead.py [--trials 15] [--steps 200]
 """
@@ -48,7 +50,9 @@ def run_block(model: nn.Module, optimizer: torch.optim.Optimizer, data: list, st
     return (time.process_time() - start) / steps
 
 
-def measure(widths: tuple[int, ...], batch: int, trials: int, steps: int) -> tuple[float, float, float]:
+def measure(widths: tuple[int, ...], batch: int, trials: int, steps: int) -> tuple[float, float, float, float]:
+    """Median step time without and with the checker, their ratio, and the checker's own time per
+    step (its hooks, timed from inside: a stable figure on a busy machine where ratios are noisy)."""
     model = build(widths)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(1)
@@ -56,16 +60,18 @@ def measure(widths: tuple[int, ...], batch: int, trials: int, steps: int) -> tup
             for _ in range(8)]
     events: list = []
     run_block(model, optimizer, data, 20)  # warm-up: allocator, kernels
-    off, on = [], []
+    off, on, own = [], [], []
     for _ in range(trials):
         off.append(run_block(model, optimizer, data, steps))
         checker = InvariantChecker([optimizer], model, emit_event=lambda *a: events.append(a),
                                    emit_status=lambda *a: events.append(a))
         run_block(model, optimizer, data, 10)  # past the dense first steps
+        before = checker.overhead()["seconds"]
         on.append(run_block(model, optimizer, data, steps))
+        own.append((checker.overhead()["seconds"] - before) / steps)
         checker.close()
     base, watched = statistics.median(off), statistics.median(on)
-    return base, watched, watched / base
+    return base, watched, watched / base, statistics.median(own)
 
 
 def main() -> None:
@@ -83,9 +89,9 @@ def main() -> None:
             one = run_block(probe, torch.optim.AdamW(probe.parameters()),
                             [(torch.randn(batch, widths[0]), torch.randint(0, widths[-1], (batch,)))], 5)
             steps = max(10, int(0.5 / one))
-        base, watched, ratio = measure(widths, batch, args.trials, steps)
+        base, watched, ratio, own = measure(widths, batch, args.trials, steps)
         print(f"{name:<22} {steps:>4} steps/block  without {base * 1e3:8.3f} ms  with {watched * 1e3:8.3f} ms"
-              f"  ratio {ratio:.4f}")
+              f"  ratio {ratio:.4f}  checker's own time {own * 1e6:6.1f} us/step = {own / base:.2%}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from torch import nn
 from publisher.invariants.config import INVARIANT_NAMES, InvariantConfig
 from publisher.invariants.core import (
     Check,
+    CostMeter,
     ParamNamer,
     PendingResults,
     StatusBoard,
@@ -81,6 +82,7 @@ class InvariantChecker:
         self.config = config or InvariantConfig()
         self.rank = rank
         self._board = StatusBoard(emit_status, emit_event)
+        self._meter = CostMeter()
         self._pending = PendingResults(self._fail)
         self._namer = ParamNamer()
         self._watches: dict[int, _Watch] = {}
@@ -98,6 +100,9 @@ class InvariantChecker:
         if model is not None:
             self._adopt(model)
         self._announce(model)
+        for check in (self._train_mode, self._ownership, self._replicas, self._discovery):
+            if check is not None:
+                check.meter = self._meter
         for optimizer in optimizers:
             self.add_optimizer(optimizer)
 
@@ -118,6 +123,8 @@ class InvariantChecker:
             arrival=ArrivalCheck(*args, self._namer, self._pending) if on("params_receive_grads") else None,
             clearing=ClearingCheck(*args, self._namer, self._pending) if on("grads_cleared") else None,
         )
+        for check in watch.checks():
+            check.meter = self._meter
         watch.handles = [optimizer.register_step_pre_hook(partial(self._before_step, watch)),
                          optimizer.register_step_post_hook(partial(self._after_step, watch))]
         self._watches[id(optimizer)] = watch
@@ -125,6 +132,12 @@ class InvariantChecker:
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Current status of each invariant: ``{name: {status, step, message, details}}``."""
         return self._board.statuses()
+
+    def overhead(self) -> dict[str, float]:
+        """Wall time the checker spent in its hooks so far (its cost to training), and per step."""
+        seconds = self._meter.spent_ns / 1e9
+        return {"seconds": seconds, "steps": self._steps_done,
+                "seconds_per_step": seconds / self._steps_done if self._steps_done else 0.0}
 
     def close(self) -> None:
         """Remove every hook, settle the verdicts still in flight (so the last one is reported)."""
@@ -154,6 +167,10 @@ class InvariantChecker:
         if watch.outer_call is not None and _nested(watch.outer_call, call):
             return
         watch.outer_call = call
+        with self._meter:
+            self._before(watch, args, kwargs)
+
+    def _before(self, watch: _Watch, args: tuple, kwargs: dict) -> None:
         index = watch.watched.count
         clearing, effect = watch.clearing, watch.effect
         if clearing is not None and (clearing.armed or (clearing.has_sentinel and clearing.schedule.due(index + 1))):
@@ -170,6 +187,10 @@ class InvariantChecker:
         if sys._getframe(1) is not watch.outer_call:
             return  # the inner step() of a subclass calling super().step()
         watch.outer_call = None
+        with self._meter:
+            self._after(watch)
+
+    def _after(self, watch: _Watch) -> None:
         watched = watch.watched
         index, step = watched.count, self._step_of(watch)
         effect, arrival, clearing = watch.effect, watch.arrival, watch.clearing

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -313,15 +314,38 @@ class WatchedOptimizer:
         return namer.name(param, f"optimizer {self.index} group {group} #{position} [{shape}]")
 
 
+class CostMeter:
+    """Wall time spent in the checker's hooks (``with meter:``), reported as its own overhead."""
+
+    __slots__ = ("_depth", "_started", "spent_ns")
+
+    def __init__(self) -> None:
+        self.spent_ns = 0
+        self._started = 0
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        if self._depth == 0:
+            self._started = time.perf_counter_ns()
+        self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.spent_ns += time.perf_counter_ns() - self._started
+
+
 class Check:
     """Base of every check: the invariant names it serves and a flag set when it broke.
 
     A check that raises is switched off by the checker (its invariants become ``unchecked`` with
-    the error), so a bug in a check never stops a training run.
+    the error), so a bug in a check never stops a training run. ``meter`` (set by the checker)
+    times the hooks a check installs itself.
     """
 
     names: tuple[str, ...] = ()
     dead: bool = False
+    meter: CostMeter = CostMeter()
 
     def close(self) -> None:
         """Remove whatever hooks the check installed."""

@@ -64,6 +64,10 @@ class RootDiscovery(Check):
     def _on_forward(self, module: nn.Module, args: tuple) -> None:
         if id(module) in self._known:
             return
+        with self.meter:
+            self._look(module)
+
+    def _look(self, module: nn.Module) -> None:
         self._known.add(id(module))
         params = {id(p) for p in module.parameters()}
         if params & (self._owned() - self._covered):

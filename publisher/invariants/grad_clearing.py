@@ -66,6 +66,8 @@ class ClearingCheck(Check):
             self._close_window(step)
         if self._sentinel is not None and self.schedule.due(index + 1):
             self._open_window()
+        else:
+            self._unhook()
 
     def after_step(self, index: int) -> None:
         """Called until a sentinel is chosen."""
@@ -109,6 +111,10 @@ class ClearingCheck(Check):
         """Runs inside backward, before accumulation: ``.grad`` still holds what was there."""
         if not self.armed:
             return
+        with self.meter:
+            self._look_at_old_gradient()
+
+    def _look_at_old_gradient(self) -> None:
         self._backwards += 1
         old = self._sentinel.grad
         if old is None or self._cleared:
@@ -123,7 +129,6 @@ class ClearingCheck(Check):
 
     def _close_window(self, step: int) -> None:
         self.armed = False
-        self._unhook()
         if self._backwards == 0:
             return  # no backward reached the sentinel: no verdict
         backwards = self._backwards

@@ -137,6 +137,10 @@ class TrainModeCheck(Check):
     def _on_forward(self, root_index: int, module: nn.Module, args: tuple) -> None:
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return
+        with self.meter:
+            self._look(root_index)
+
+    def _look(self, root_index: int) -> None:
         offenders: list[_Region] = []
         for region in self._roots[root_index].regions:  # named_modules order: containers before their children
             if region.module.training or any(region.inside(o) for o in offenders):
