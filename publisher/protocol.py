@@ -2,18 +2,20 @@
 
 This module is the one place that knows the message shapes. The publisher builds messages
 with :func:`make_message`, the viewer checks them with :func:`decode`; recordings are the same
-bytes, one message a line. It depends on nothing but the standard library so both sides (and
-other tools) can import it without torch or textual. The human-readable contract is
-``docs/protocol.md``; change either only together, and bump :data:`PROTOCOL_VERSION` when a
-change would break a reader.
+bytes, one message a line. It depends only on orjson (a fast, strict JSON codec: ~1 µs to
+parse a metrics message against ~4.5 µs for the standard library, which set the viewer's
+ingest ceiling) so both sides and other tools can import it without torch or textual. The
+human-readable contract is ``docs/protocol.md``; change either only together, and bump
+:data:`PROTOCOL_VERSION` when a change would break a reader.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 PROTOCOL_VERSION = 1
 
@@ -44,8 +46,16 @@ _NONFINITE_TO_WIRE = {"nan": "nan", "inf": "inf", "-inf": "-inf"}
 _WIRE_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
+#: Why a frame was refused, as counted on the viewer's status line.
+REASONS = ("oversized", "not JSON", "not an object", "wrong version", "unknown type", "invalid field")
+
+
 class ProtocolError(ValueError):
-    """A message that is not valid tuimon protocol: the viewer counts it and skips it."""
+    """A message that is not valid tuimon protocol: the viewer counts it (by ``reason``) and skips it."""
+
+    def __init__(self, message: str, reason: str = "invalid field") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def wire_number(value: float | int | None) -> float | int | str | None:
@@ -116,8 +126,13 @@ def make_message(
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
-    """Serialise one message to its single-frame wire form (compact UTF-8 JSON, no NaN)."""
-    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    """Serialise one message to its single-frame wire form (compact UTF-8 JSON).
+
+    Bodies are made wire-safe before they get here (:func:`wire_numbers`, ``json_safe``); a
+    stray NaN would be written as ``null`` by orjson, never as invalid JSON. Keys that are not
+    strings raise ``TypeError``.
+    """
+    return orjson.dumps(message)
 
 
 def _require(message: Mapping[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:
@@ -162,19 +177,19 @@ def decode(frame: bytes | str) -> dict[str, Any]:
     Size is checked before parsing so an oversized frame costs nothing to refuse.
     """
     if len(frame) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {len(frame)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        raise ProtocolError(f"message of {len(frame)} bytes exceeds {MAX_MESSAGE_BYTES}", "oversized")
     try:
-        message = json.loads(frame)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        # RecursionError: a small frame of nested brackets ("[[[[...") must not kill the reader.
-        raise ProtocolError(f"not JSON: {exc}") from None
+        # orjson refuses bare NaN and nesting deeper than 1024 (a frame of "[[[[..." costs nothing).
+        message = orjson.loads(frame)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"not JSON: {exc}", "not JSON") from None
     if not isinstance(message, dict):
-        raise ProtocolError("message is not a JSON object")
+        raise ProtocolError("message is not a JSON object", "not an object")
     version = message.get("v")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
+        raise ProtocolError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}", "wrong version")
     if message.get("type") not in MESSAGE_TYPES:
-        raise ProtocolError(f"unknown message type {message.get('type')!r}")
+        raise ProtocolError(f"unknown message type {message.get('type')!r}", "unknown type")
     _require(message, "run", str)
     _require(message, "rank", int)
     _require(message, "host", str)

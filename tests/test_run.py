@@ -61,7 +61,9 @@ def test_plain_script_is_monitored_without_code_change(tmp_path: Path) -> None:
     later = metrics[-1]["metrics"]
     assert later["lr"] == pytest.approx(0.05)
     grad_norms = [m["metrics"]["grad_norm"] for m in metrics if "grad_norm" in m["metrics"]]
-    assert grad_norms and min(grad_norms) > 0, "the gradient norm is measured (on a CPU: when its budget allows)"
+    assert grad_norms and min(grad_norms) > 0, (
+        "the gradient norm is measured (on a CPU: when its budget allows)"
+    )
     assert later["data_time"] > 0, "time waiting on the DataLoader is measured"
     assert later["samples_per_s"] > 0, "batch size is read from the DataLoader"
     assert of_type(msgs, "run_end")[-1]["status"] == "completed"

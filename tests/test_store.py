@@ -6,6 +6,7 @@ import math
 
 from conftest import RunBuilder, synthetic_run
 
+from publisher.protocol import ProtocolError
 from tuimon.store import GPU_HISTORY, SERIES_CAPACITY, STALE_AFTER_S, Series, Store
 
 
@@ -97,9 +98,13 @@ def test_replay_stamps_use_message_time() -> None:
 def test_malformed_frames_are_counted_by_reason_with_the_last_one_kept() -> None:
     store = Store()
     store.apply_batch(
-        [], received=3, malformed=["not JSON: Expecting value", "message of 2000000 bytes exceeds 1"]
+        [],
+        received=3,
+        malformed=[ProtocolError("not JSON: unexpected", "not JSON"), ProtocolError("too big", "oversized")],
     )
-    store.count_malformed("protocol version 2, expected 1", where="run.jsonl:17")
+    store.count_malformed(
+        ProtocolError("protocol version 2, expected 1", "wrong version"), where="run.jsonl:17"
+    )
     counters = store.counters()
     assert counters.received == 4
     assert counters.malformed == 3

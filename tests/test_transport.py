@@ -182,14 +182,15 @@ def test_a_message_the_caller_got_wrong_is_dropped_and_the_stream_goes_on(
     publisher = start(publishers, heartbeat_s=0.05)
     sub = connected(context, publisher)
 
-    publisher.publish("metrics", step=1, metrics={"loss": float("nan")})  # not in wire form
-    publisher.publish("metrics", step=2, metrics={"loss": object()})  # not JSON at all
+    publisher.publish("metrics", step=1, metrics={"loss": float("nan")})  # not in wire form: null
+    publisher.publish("metrics", step=2, metrics={"loss": object()})  # not JSON at all: dropped
     publisher.publish("metrics", step=3, metrics={"loss": 0.5})
 
     received = receive_until(sub, lambda m: m.get("step") == 3 and m["type"] == "metrics")
-    assert [m["step"] for m in of_type(received, "metrics")] == [3]
+    metrics = of_type(received, "metrics")
+    assert [(m["step"], m["metrics"]["loss"]) for m in metrics] == [(1, None), (3, 0.5)]
     assert [m["seq"] for m in received] == list(range(received[0]["seq"], received[-1]["seq"] + 1))
-    assert publisher.stats()["dropped"] == 2
+    assert publisher.stats()["dropped"] == 1
     assert "metrics message dropped" in caplog.text
     with pytest.raises(ValueError, match="unknown message type"):
         publisher.publish("metric", step=4)

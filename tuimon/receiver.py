@@ -233,13 +233,13 @@ class _Receiver:
             except zmq.Again:
                 break
         ready: list[dict[str, Any]] = []
-        malformed: list[str] = []
+        malformed: list[ProtocolError] = []
         wanted_run = self.source.run
         for frame in frames:
             try:
                 message = decode(frame)
             except ProtocolError as exc:
-                malformed.append(str(exc))
+                malformed.append(exc)
                 continue
             if wanted_run is not None and message["run"] != wanted_run:
                 continue
@@ -296,7 +296,7 @@ class _Receiver:
             if header.get("type") != "snapshot" or not isinstance(seq, int):
                 raise ValueError("not a snapshot header")
         except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
-            self.store.count_malformed(f"snapshot reply: {exc}")
+            self.store.count_malformed(ProtocolError(f"snapshot reply: {exc}", "bad snapshot"))
             self.go_live(key, sender, "the snapshot reply was malformed")
             return
         messages, malformed = [], []
@@ -304,7 +304,7 @@ class _Receiver:
             try:
                 messages.append(decode(frame))
             except ProtocolError as exc:
-                malformed.append(str(exc))
+                malformed.append(exc)
         later = [message for message in sender.buffer if message["seq"] > seq]
         self.store.apply_snapshot(key[0], key[1], messages, seq, then=later, malformed=malformed)
         sender.buffer = []

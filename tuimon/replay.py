@@ -58,7 +58,7 @@ class Recording:
 
     lines: list[bytes] = field(default_factory=list)
     due: list[float] = field(default_factory=list)  # when each line plays: running max of ts
-    malformed: list[tuple[str, str]] = field(default_factory=list)  # (error, "file:line")
+    malformed: list[tuple[ProtocolError, str]] = field(default_factory=list)  # (error, "file:line")
     names: list[str] = field(default_factory=list)
 
     @property
@@ -70,7 +70,7 @@ class Recording:
         return self.due[-1]
 
 
-def _read_file(path: Path, malformed: list[tuple[str, str]]) -> list[tuple[float, bytes]]:
+def _read_file(path: Path, malformed: list[tuple[ProtocolError, str]]) -> list[tuple[float, bytes]]:
     try:
         with path.open("rb") as handle:
             raw_lines = handle.read().splitlines()
@@ -86,7 +86,7 @@ def _read_file(path: Path, malformed: list[tuple[str, str]]) -> list[tuple[float
         try:
             frames.append((decode(line)["ts"], line))
         except ProtocolError as exc:
-            malformed.append((str(exc), f"{path.name}:{number}"))
+            malformed.append((exc, f"{path.name}:{number}"))
     return frames
 
 

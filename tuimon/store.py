@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from publisher.protocol import read_number
+from publisher.protocol import ProtocolError, read_number
 
 #: A run whose senders have been silent this long is shown as stale (heartbeats come every 1 s).
 STALE_AFTER_S = 3.0
@@ -208,20 +208,6 @@ class _Run:
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SECTIONS, 0))
 
 
-def malformed_reason(error: str) -> str:
-    """A short category for a :class:`~publisher.protocol.ProtocolError` message (status line)."""
-    for prefix, reason in (
-        ("message of", "oversized"),
-        ("not JSON", "not JSON"),
-        ("protocol version", "wrong version"),
-        ("unknown message type", "unknown type"),
-        ("message is not a JSON object", "not an object"),
-    ):
-        if error.startswith(prefix):
-            return reason
-    return "invalid field"
-
-
 def _number(value: Any) -> float:
     """A stored value: numbers as floats, absent values as NaN (history arrays stay aligned)."""
     number = read_number(value) if not isinstance(value, bool) else None
@@ -279,7 +265,7 @@ class Store:
         messages: Iterable[Mapping[str, Any]],
         *,
         received: int | None = None,
-        malformed: Iterable[str] = (),
+        malformed: Iterable[ProtocolError] = (),
     ) -> None:
         """Apply decoded live messages in order; count frames received and malformed ones.
 
@@ -305,7 +291,7 @@ class Store:
         seq: int,
         *,
         then: Iterable[Mapping[str, Any]] = (),
-        malformed: Iterable[str] = (),
+        malformed: Iterable[ProtocolError] = (),
     ) -> None:
         """Apply a late joiner's snapshot of one sender, whose last message is ``seq``.
 
@@ -327,7 +313,7 @@ class Store:
             self._received += count + len(malformed)
             self._counters_version = self._next()
 
-    def count_malformed(self, error: str, where: str | None = None) -> None:
+    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
         """Count one malformed frame or line; ``where`` (e.g. ``"run.jsonl:17"``) is kept for display."""
         with self._lock:
             self._received += 1
@@ -355,9 +341,9 @@ class Store:
                 self._notices[key] = (text, expires)
             self._notices_version = self._next()
 
-    def _count_malformed(self, error: str, where: str | None = None) -> None:
-        self._malformed[malformed_reason(error)] += 1
-        self._last_malformed = f"{error} ({where})" if where else error
+    def _count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
+        self._malformed[error.reason] += 1
+        self._last_malformed = f"{error} ({where})" if where else str(error)
 
     def _run(self, name: str) -> _Run:
         run = self._runs.get(name)

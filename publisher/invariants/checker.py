@@ -35,6 +35,7 @@ from publisher.invariants.core import (
     CostMeter,
     ParamNamer,
     PendingResults,
+    Schedule,
     StatusBoard,
     WatchedOptimizer,
     unwrap,
@@ -56,6 +57,9 @@ class _Watch:
     """One optimizer, its per-optimizer checks and the hook handles to remove at close."""
 
     watched: WatchedOptimizer
+    #: Sampled steps of this optimizer, shared by its checks (a confirmation asked for by one
+    #: runs them all, which costs little and keeps the hooks' fast path to one test).
+    schedule: Schedule
     effect: StepEffectCheck | None
     zero_lr: ZeroLrCheck | None
     arrival: ArrivalCheck | None
@@ -63,6 +67,8 @@ class _Watch:
     handles: list = field(default_factory=list)
     #: Frame of the ``step()`` call being watched; see :func:`_nested`.
     outer_call: object | None = None
+    #: Steps with a smaller index need no per-optimizer work at all (see ``_plan_quiet``).
+    quiet_until: int = 0
 
     def checks(self) -> list[Check]:
         return [c for c in (self.effect, self.zero_lr, self.arrival, self.clearing) if c is not None]
@@ -88,6 +94,7 @@ class InvariantChecker:
         self._watches: dict[int, _Watch] = {}
         self._roots: list[tuple[str, nn.Module]] = []
         self._steps_done = 0
+        self._global_quiet_until = 0  # the same, for the checks about the model and the run
         self._closed = False
         on = self._enabled
         self._train_mode = TrainModeCheck(self._board, self.config) if on("model_in_train_mode") else None
@@ -114,9 +121,10 @@ class InvariantChecker:
             return
         watched = WatchedOptimizer(len(self._watches), optimizer)
         watched.refresh()
-        on, args = self._enabled, (self._board, self.config, watched)
+        schedule = Schedule(self.config.dense_steps, self.config.check_every)
+        on, args = self._enabled, (self._board, self.config, watched, schedule)
         watch = _Watch(
-            watched,
+            watched, schedule,
             effect=(StepEffectCheck(*args, self._namer, self._pending)
                     if on("optimizer_changes_params") or on("frozen_stay_frozen") else None),
             zero_lr=ZeroLrCheck(*args) if on("optimizer_changes_params") else None,
@@ -172,15 +180,24 @@ class InvariantChecker:
 
     def _before(self, watch: _Watch, args: tuple, kwargs: dict) -> None:
         index = watch.watched.count
-        clearing, effect = watch.clearing, watch.effect
-        if clearing is not None and (clearing.armed or (clearing.has_sentinel and clearing.schedule.due(index + 1))):
-            self._run(clearing, clearing.before_step, index, self._step_of(watch))
-        if effect is not None and effect.schedule.due(index):
-            closure = any(callable(a) for a in args[1:]) or any(callable(v) for v in kwargs.values())
-            with torch.no_grad():
-                self._run(effect, effect.before_step, index, self._step_of(watch), closure)
+        if index < watch.quiet_until:
+            if self._pending:
+                self._drain()
+            return
+        schedule, clearing, effect = watch.schedule, watch.clearing, watch.effect
+        if not schedule.due(index):
+            if clearing is not None and clearing.has_sentinel and schedule.due(index + 1):
+                self._run(clearing, clearing.before_step, index, self._step_of(watch))  # open a window
+        else:
+            step = self._step_of(watch)
+            if clearing is not None and (clearing.armed or clearing.has_sentinel):
+                self._run(clearing, clearing.before_step, index, step)
+            if effect is not None:
+                closure = any(callable(a) for a in args[1:]) or any(callable(v) for v in kwargs.values())
+                with torch.no_grad():
+                    self._run(effect, effect.before_step, index, step, closure)
         if self._pending:
-            self._pending.drain()
+            self._drain()
 
     def _after_step(self, watch: _Watch, optimizer: torch.optim.Optimizer, args: tuple,
                     kwargs: dict) -> None:
@@ -192,23 +209,72 @@ class InvariantChecker:
 
     def _after(self, watch: _Watch) -> None:
         watched = watch.watched
-        index, step = watched.count, self._step_of(watch)
-        effect, arrival, clearing = watch.effect, watch.arrival, watch.clearing
-        if effect is not None and effect.has_snapshot:
-            with torch.no_grad():
-                self._run(effect, effect.after_step)
-        if watch.zero_lr is not None:
-            self._run(watch.zero_lr, watch.zero_lr.after_step, index, step)
-        if arrival is not None and (index < arrival.window_end or arrival.schedule.due(index)):
-            self._run(arrival, arrival.after_step, index, step)
-        if clearing is not None and not clearing.has_sentinel:
-            self._run(clearing, clearing.after_step, index)
+        index = watched.count
         watched.count = index + 1
         if watched.count > self._steps_done:
             self._steps_done = watched.count
-        self._global_checks(watched.index, index, step)
+        if index < watch.quiet_until and self._steps_done < self._global_quiet_until:
+            if self._pending:
+                self._drain()
+            return
+        arrival, clearing = watch.arrival, watch.clearing
+        due = watch.schedule.due(index)
+        if due or (arrival is not None and index < arrival.window_end) or (
+                clearing is not None and not clearing.has_sentinel):
+            self._after_sampled(watch, index, due)
+        self._global_checks(watched.index, index, max(index, self._steps_done - 1))
         if self._pending:
-            self._pending.drain()
+            self._drain()
+        self._plan_quiet(watch, index)
+
+    def _plan_quiet(self, watch: _Watch, index: int) -> None:
+        """Work out how many coming steps need no work, so their hooks return at once.
+
+        Per optimizer: up to the step before its next sampled one (whose pre-hook opens the
+        gradient-clearing window); none while a parameter is inside its gradient window or no
+        sentinel is chosen yet. For the run-wide checks: until train-mode or discovery hooks must
+        be armed (the post-hook of the step before a sampled one), the next ownership check, or,
+        for the replica check, its next comparison (every step while one is in flight).
+        """
+        arrival, clearing = watch.arrival, watch.clearing
+        quiet = watch.schedule.next_due(index + 1) - 1
+        if (arrival is not None and index + 1 < arrival.window_end) or (
+                clearing is not None and not clearing.has_sentinel):
+            quiet = index + 1
+        watch.quiet_until = quiet
+        upcoming = self._steps_done
+        mode, owned, discovery, replicas = self._train_mode, self._ownership, self._discovery, self._replicas
+        marks = [upcoming + 10**9]
+        if mode is not None:
+            marks.append(upcoming + 1 if mode.armed else mode.schedule.next_due(upcoming + 1))
+        if discovery is not None and not discovery.finished:
+            marks.append(upcoming + 1 if discovery.armed else discovery.schedule.next_due(upcoming + 1))
+        if owned is not None:
+            marks.append(owned.next_due(upcoming))
+        if replicas is not None and self._watches:
+            clock = next(iter(self._watches.values())).watched.count
+            marks.append(upcoming + 1 if replicas.busy else upcoming + replicas.schedule.next_due(clock) - clock)
+        self._global_quiet_until = min(marks)
+
+    def _drain(self) -> None:
+        """Hand arrived verdicts to their checks; they may ask for a step, so plan afresh."""
+        self._pending.drain()
+        self._global_quiet_until = 0
+        for watch in self._watches.values():
+            watch.quiet_until = 0
+
+    def _after_sampled(self, watch: _Watch, index: int, due: bool) -> None:
+        step = max(index, self._steps_done - 1)
+        effect, zero_lr, arrival, clearing = watch.effect, watch.zero_lr, watch.arrival, watch.clearing
+        if effect is not None and effect.has_snapshot:
+            with torch.no_grad():
+                self._run(effect, effect.after_step)
+        if zero_lr is not None and due:
+            self._run(zero_lr, zero_lr.after_step, index, step)
+        if arrival is not None:
+            self._run(arrival, arrival.after_step, index, step)
+        if clearing is not None and not clearing.has_sentinel:
+            self._run(clearing, clearing.after_step, index)
 
     def _global_checks(self, optimizer_index: int, index: int, step: int) -> None:
         """The checks about the model and the run rather than one optimizer."""

@@ -61,7 +61,7 @@ class StatusBoard:
         self._emit_event = emit_event
         self._opinions: dict[str, dict[Hashable, _Opinion]] = {name: {} for name in INVARIANT_NAMES}
         self._idle: dict[str, str] = {}
-        self._current: dict[str, dict[str, Any]] = {}
+        self._published: dict[str, tuple[str, str]] = {}  # name -> (status, message) last emitted
         self._disabled: set[str] = set()
         self._reported: dict[tuple[str, Hashable], set[Hashable]] = {}
         self._order = itertools.count()
@@ -74,8 +74,10 @@ class StatusBoard:
 
     def idle_message(self, name: str, message: str) -> None:
         """Change what an unchecked invariant says about itself (e.g. why it cannot be checked)."""
+        if self._idle.get(name) == message:
+            return
         self._idle[name] = message
-        if name in self._current:
+        if name in self._published:
             self._publish(name)
 
     def report(self, name: str, source: Hashable, status: str, step: int | None, message: str,
@@ -85,8 +87,12 @@ class StatusBoard:
             return
         if status != "violated":
             self._reported.pop((name, source), None)
-        self._opinions[name][source] = _Opinion(status, step, message, details or {}, next(self._order))
-        self._publish(name)
+        opinions = self._opinions[name]
+        previous = opinions.get(source)
+        opinions[source] = _Opinion(status, step, message, details or {}, next(self._order))
+        # The same status again (every check of a healthy run) cannot change what was published.
+        if previous is None or previous.status != status:
+            self._publish(name)
 
     def violation(self, name: str, source: Hashable, step: int, message: str, details: dict[str, Any],
                   keys: Iterable[Hashable]) -> None:
@@ -113,26 +119,26 @@ class StatusBoard:
         self._disabled.add(name)
 
     def statuses(self) -> dict[str, dict[str, Any]]:
-        return {name: dict(state) for name, state in self._current.items()}
+        """The combined state of every announced invariant, with its latest step and message."""
+        return {name: self._combined(name) for name in self._published}
+
+    def _combined(self, name: str) -> dict[str, Any]:
+        opinions = self._opinions[name].values()
+        steps = [o.step for o in opinions if o.step is not None]
+        step = max(steps) if steps else None
+        worst = max((_STATUS_RANK[o.status] for o in opinions), default=0)
+        if worst == 0:
+            return {"status": "unchecked", "step": step, "message": self._idle.get(name, ""), "details": {}}
+        lead = max((o for o in opinions if _STATUS_RANK[o.status] == worst), key=lambda o: o.order)
+        return {"status": lead.status, "step": step, "message": lead.message, "details": dict(lead.details)}
 
     def _publish(self, name: str, force: bool = False) -> None:
-        opinions = self._opinions[name].values()
-        if opinions:
-            worst = max(_STATUS_RANK[o.status] for o in opinions)
-            lead = max((o for o in opinions if _STATUS_RANK[o.status] == worst), key=lambda o: o.order)
-            steps = [o.step for o in opinions if o.step is not None]
-            step = max(steps) if steps else None
-        else:
-            worst, lead, step = 0, None, None
-        if worst == 0 or lead is None:
-            state = {"status": "unchecked", "step": step, "message": self._idle.get(name, ""), "details": {}}
-        else:
-            state = {"status": lead.status, "step": step, "message": lead.message, "details": lead.details}
-        previous = self._current.get(name)
-        self._current[name] = state
-        changed = previous is None or previous["status"] != state["status"]
-        # An unchecked invariant saying *why* differently (e.g. "single process") is news too.
-        reason = state["status"] == "unchecked" and previous is not None and previous["message"] != state["message"]
+        """Emit the combined status when it changed (or, unchecked, when its reason changed)."""
+        state = self._combined(name)
+        previous = self._published.get(name)
+        self._published[name] = (state["status"], state["message"])
+        changed = previous is None or previous[0] != state["status"]
+        reason = state["status"] == "unchecked" and previous is not None and previous[1] != state["message"]
         if force or changed or reason:
             self._emit(self._emit_status, name, state["status"], state["step"], state["message"], state["details"])
 
@@ -155,6 +161,13 @@ class Schedule:
 
     def due(self, index: int) -> bool:
         return index < self._dense or index % self._every == 0 or (bool(self._requested) and index in self._requested)
+
+    def next_due(self, index: int) -> int:
+        """The first step index >= ``index`` that is due."""
+        if index < self._dense:
+            return index
+        regular = -(-index // self._every) * self._every
+        return min([regular, *(i for i in self._requested if i >= index)])
 
     def request(self, index: int) -> None:
         """Also run on step ``index`` (a check confirming a suspicion on the next step)."""

@@ -42,13 +42,13 @@ class ArrivalCheck(Check):
     names = (RECEIVE,)
 
     def __init__(self, board: StatusBoard, config: InvariantConfig, watched: WatchedOptimizer,
-                 namer: ParamNamer, pending: PendingResults) -> None:
+                 schedule: Schedule, namer: ParamNamer, pending: PendingResults) -> None:
         self._board = board
         self._window = config.grad_window
         self._watched = watched
         self._namer = namer
         self._pending = pending
-        self.schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = schedule
         self._source = ("optimizer", watched.index)
         self._served: set[int] = set()
         self._waiting: dict[int, int] = {}  # parameter index -> optimizer step index it joined at

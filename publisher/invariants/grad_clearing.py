@@ -41,12 +41,12 @@ class ClearingCheck(Check):
     names = (CLEARED,)
 
     def __init__(self, board: StatusBoard, config: InvariantConfig, watched: WatchedOptimizer,
-                 namer: ParamNamer, pending: PendingResults) -> None:
+                 schedule: Schedule, namer: ParamNamer, pending: PendingResults) -> None:
         self._board = board
         self._watched = watched
         self._namer = namer
         self._pending = pending
-        self.schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = schedule
         self._source = ("optimizer", watched.index)
         self._sentinel: torch.Tensor | None = None
         self._sentinel_name = ""

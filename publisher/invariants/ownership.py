@@ -35,6 +35,15 @@ class OwnershipCheck(Check):
         return index != self._last_checked and (
             index == self._first or (index > self._first and index % self._every == 0))
 
+    def next_due(self, upcoming: int) -> int:
+        """The first value of the checker's step count at which :meth:`due` (of count - 1) holds."""
+        index = upcoming - 1
+        while not self.due(index) and index < self._first:
+            index += 1
+        if not self.due(index):
+            index = -(-(index + 1) // self._every) * self._every
+        return index + 1
+
     def after_step(self, index: int, step: int, roots: Sequence[nn.Module],
                    watched: Sequence[WatchedOptimizer]) -> None:
         """Called when :meth:`due`."""

@@ -125,13 +125,13 @@ class StepEffectCheck(Check):
     names = (UPDATES, FROZEN)
 
     def __init__(self, board: StatusBoard, config: InvariantConfig, watched: WatchedOptimizer,
-                 namer: ParamNamer, pending: PendingResults) -> None:
+                 schedule: Schedule, namer: ParamNamer, pending: PendingResults) -> None:
         self._board = board
         self._sampler = _Sampler(config.probe_elements)
         self._watched = watched
         self._namer = namer
         self._pending = pending
-        self.schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = schedule
         self._source = ("optimizer", watched.index)
         self._snapshot: _Snapshot | None = None
         self._segments: tuple[tuple[int, ...], torch.Tensor] | None = None
