@@ -111,7 +111,7 @@ def test_every_invariant_starts_unchecked_and_statuses_are_published_only_on_cha
     current = checker.statuses()
     assert set(current) == set(INVARIANT_NAMES)
     assert current["optimizer_changes_params"]["status"] == "ok"
-    assert current["optimizer_changes_params"]["step"] >= 55  # last checked step, not the first
+    assert current["optimizer_changes_params"]["step"] >= 50  # last checked step, not the first
     replicas = current["replicas_consistent"]
     assert replicas["status"] == "unchecked" and "single process" in replicas["message"]
 
@@ -181,7 +181,7 @@ def test_optimizer_added_later_is_watched_and_the_model_found_at_a_forward() -> 
         opt_g.step()
     checker.close()
     assert [e["kind"] for e in recording.alarms()] == ["eval_mode_training"]
-    assert 12 <= recording.alarms()[0]["step"] <= 17
+    assert 12 <= recording.alarms()[0]["step"] <= 12 + 11
     assert checker.statuses()["optimizer_owns_trainables"]["status"] == "ok"
 
 
@@ -263,5 +263,7 @@ def test_a_subclass_calling_super_step_and_a_step_that_raised_count_as_one_step_
             pass  # the loop skips the failed step, as OOM-tolerant loops do
     checker.close()
     [stale] = recording.events("stale_gradients")
-    assert 11 <= stale["step"] <= 16  # counted once per call: the 13th counted step is index 11
+    # Counted once per call: the 13th counted step is index 11, sampled at 20 (double counting
+    # would report about 40).
+    assert 11 <= stale["step"] <= 22
     assert checker.statuses()["optimizer_changes_params"]["step"] <= 22

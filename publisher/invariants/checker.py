@@ -166,8 +166,9 @@ class InvariantChecker:
 
     # ----------------------------------------------------------------- hooks
 
-    # Both hooks run on every step; everything below is gated on cheap attribute reads so that a
-    # step with nothing sampled costs a few microseconds (see benchmarks/invariants_overhead.py).
+    # Both hooks run on every step. A step with nothing to do (``quiet_until``, planned after each
+    # busy step) costs a frame lookup and two comparisons, and is not metered by ``overhead()``
+    # (about 1-2 us on a slow core); see benchmarks/invariants_overhead.py.
 
     def _before_step(self, watch: _Watch, optimizer: torch.optim.Optimizer, args: tuple,
                      kwargs: dict) -> None:
@@ -175,14 +176,15 @@ class InvariantChecker:
         if watch.outer_call is not None and _nested(watch.outer_call, call):
             return
         watch.outer_call = call
+        if watch.watched.count < watch.quiet_until and not self._pending:
+            return
         with self._meter:
             self._before(watch, args, kwargs)
 
     def _before(self, watch: _Watch, args: tuple, kwargs: dict) -> None:
         index = watch.watched.count
         if index < watch.quiet_until:
-            if self._pending:
-                self._drain()
+            self._drain()
             return
         schedule, clearing, effect = watch.schedule, watch.clearing, watch.effect
         if not schedule.due(index):
@@ -204,18 +206,20 @@ class InvariantChecker:
         if sys._getframe(1) is not watch.outer_call:
             return  # the inner step() of a subclass calling super().step()
         watch.outer_call = None
-        with self._meter:
-            self._after(watch)
-
-    def _after(self, watch: _Watch) -> None:
         watched = watch.watched
         index = watched.count
         watched.count = index + 1
         if watched.count > self._steps_done:
             self._steps_done = watched.count
+        if index < watch.quiet_until and self._steps_done < self._global_quiet_until and not self._pending:
+            return
+        with self._meter:
+            self._after(watch, index)
+
+    def _after(self, watch: _Watch, index: int) -> None:
+        watched = watch.watched
         if index < watch.quiet_until and self._steps_done < self._global_quiet_until:
-            if self._pending:
-                self._drain()
+            self._drain()
             return
         arrival, clearing = watch.arrival, watch.clearing
         due = watch.schedule.due(index)
@@ -253,7 +257,7 @@ class InvariantChecker:
             marks.append(owned.next_due(upcoming))
         if replicas is not None and self._watches:
             clock = next(iter(self._watches.values())).watched.count
-            marks.append(upcoming + 1 if replicas.busy else upcoming + replicas.schedule.next_due(clock) - clock)
+            marks.append(upcoming + 1 if replicas.busy else upcoming + replicas.schedule.next_due(clock) - clock + 1)
         self._global_quiet_until = min(marks)
 
     def _drain(self) -> None:

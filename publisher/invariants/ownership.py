@@ -36,13 +36,10 @@ class OwnershipCheck(Check):
             index == self._first or (index > self._first and index % self._every == 0))
 
     def next_due(self, upcoming: int) -> int:
-        """The first value of the checker's step count at which :meth:`due` (of count - 1) holds."""
-        index = upcoming - 1
-        while not self.due(index) and index < self._first:
-            index += 1
-        if not self.due(index):
-            index = -(-(index + 1) // self._every) * self._every
-        return index + 1
+        """The smallest later step count ``c`` (> ``upcoming``) with ``due(c - 1)``."""
+        if upcoming <= self._first:
+            return self._first + 1
+        return -(-upcoming // self._every) * self._every + 1
 
     def after_step(self, index: int, step: int, roots: Sequence[nn.Module],
                    watched: Sequence[WatchedOptimizer]) -> None:

@@ -114,7 +114,7 @@ class _Snapshot:
     versions: list[int]
     trained: list[int]  # parameters holding a gradient (expected to change when lr > 0)
     frozen: list[int]  # parameters with requires_grad=False (must not change)
-    lr_positive: dict[int, bool]
+    moving_groups: set[int]  # param groups whose lr is > 0
     values: _Values | None = None
     written: set[int] = field(default_factory=set)
 
@@ -158,12 +158,12 @@ class StepEffectCheck(Check):
         self._judge_gradless(index, step, bool(trained))
         if not trained and not frozen:
             return
-        lr = {g: (value := watched.lr(g)) is not None and value > 0 for g in {watched.group_of[i] for i in trained}}
-        snap = _Snapshot(index, step, [p._version for p in params], trained, frozen,
-                         {i: lr[watched.group_of[i]] for i in trained})
-        compare = [i for i in trained if self._values_always or i in self._suspects]
+        moving = {g for g in range(len(watched.optimizer.param_groups)) if (lr := watched.lr(g)) and lr > 0}
+        snap = _Snapshot(index, step, [p._version for p in params], trained, frozen, moving)
+        compare = list(trained) if self._values_always else [i for i in trained if i in self._suspects]
         compare += [i for i in frozen if params[i].grad is not None or i in self._frozen_suspects]
-        snap.values = self._take_values(params, [i for i in compare if is_checkable(params[i])], len(trained))
+        if compare:
+            snap.values = self._take_values(params, [i for i in compare if is_checkable(params[i])])
         self._snapshot = snap
 
     def after_step(self) -> None:
@@ -191,7 +191,7 @@ class StepEffectCheck(Check):
 
     # ----------------------------------------------------------------- values
 
-    def _take_values(self, params: list[torch.Tensor], indices: list[int], n_trained: int) -> _Values | None:
+    def _take_values(self, params: list[torch.Tensor], indices: list[int]) -> _Values | None:
         trained = [i for i in indices if params[i].requires_grad]
         frozen = [i for i in indices if not params[i].requires_grad]
         rows: dict[int, torch.Tensor] = {}
@@ -251,7 +251,8 @@ class StepEffectCheck(Check):
             promised = {i: 0 < g < math.inf for i, g in zip(indices, values[len(indices):], strict=False)}
             if any(moved[i] and i not in snap.written for i in indices[: snap.values.trained]):
                 self._values_always = True  # fused kernels, collectives: versions do not tell
-        expected = [i for i in snap.trained if snap.lr_positive[i] and promised.get(i, True)]
+        group_of = self._watched.group_of
+        expected = [i for i in snap.trained if group_of[i] in snap.moving_groups and promised.get(i, True)]
         unchanged = {i for i in expected if not moved.get(i, i in snap.written)}
         self._judge_updates(snap, expected, unchanged, compared=set(moved))
         if snap.frozen:

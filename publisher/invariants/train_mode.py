@@ -59,8 +59,8 @@ class _Region:
 class _Root:
     """A root module, its regions, and the modules whose forward pre-hook sees it run.
 
-    The targets are the root and its children holding mode-dependent modules: a container given
-    as the model (a GAN's ModuleDict) is never called itself, its children are.
+    The targets are the root and its children that are regions themselves: a container given as
+    the model (a GAN's ModuleDict) is never called itself, its children are.
     """
 
     __slots__ = ("module", "regions", "targets")
@@ -75,9 +75,8 @@ class _Root:
             if dependents:
                 label = prefix + name if name else (prefix.rstrip(".") or "model")
                 self.regions.append(_Region(label, name, sub, dependents))
-        inside = {id(m) for region in self.regions for m in region.dependents}
-        self.targets = [module] + [child for child in module.children()
-                                   if any(id(m) in inside for m in child.modules())]
+        regions = {id(region.module) for region in self.regions}
+        self.targets = [module] + [child for child in module.children() if id(child) in regions]
 
 
 class TrainModeCheck(Check):

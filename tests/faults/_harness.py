@@ -112,7 +112,9 @@ class Case:
     train: Callable[[Run], None]
     expect: tuple[str, ...] = ()
     trigger: int = 0
-    within: int = 6
+    #: Steps from the trigger to the event: sampled checks run every ``check_every`` (10) steps
+    #: and confirm on the next one.
+    within: int = 11
     world_size: int = 1
 
     @property
