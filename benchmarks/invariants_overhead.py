@@ -24,7 +24,7 @@ from publisher.invariants import InvariantChecker
 SIZES = {
     # name: (layer widths, batch size)
     "small (~1 ms step)": ((64, 256, 256, 10), 32),
-    "large (>=20 ms step)": ((256, 1024, 1024, 10), 128),
+    "large (>=20 ms step)": ((256, 1280, 1280, 10), 128),
 }
 
 
@@ -50,7 +50,8 @@ def run_block(model: nn.Module, optimizer: torch.optim.Optimizer, data: list, st
     return (time.process_time() - start) / steps
 
 
-def measure(widths: tuple[int, ...], batch: int, trials: int, steps: int) -> tuple[float, float, float, float]:
+def measure(widths: tuple[int, ...], batch: int, trials: int, steps: int
+            ) -> tuple[float, float, float, float]:
     """Median step time without and with the checker, their ratio, and the checker's own time per
     step (its hooks, timed from inside: a stable figure on a busy machine where ratios are noisy)."""
     model = build(widths)

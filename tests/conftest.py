@@ -356,3 +356,16 @@ class Terminal:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+# ------------------------------------------------------------------------------ knowledge base
+
+
+@pytest.fixture(autouse=True)
+def private_kb_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test's dashboard (and `tuimon` subprocess) gets its own knowledge base folder through
+    $TUIMON_KB, never the developer's ~/.local/share/tuimon/kb: the dashboard opens its knowledge
+    base when it starts. Tests that need a specific folder pass --kb / kb_dir, which wins."""
+    folder = tmp_path / "default-kb"
+    monkeypatch.setenv("TUIMON_KB", str(folder))
+    return folder

@@ -7,7 +7,9 @@ is discovered at a forward). Further tests pin down the checker's contract with 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import itertools
 import sys
 from pathlib import Path
 
@@ -107,7 +109,7 @@ def test_every_invariant_starts_unchecked_and_statuses_are_published_only_on_cha
     checker.close()
     for name in INVARIANT_NAMES:
         statuses = [m["status"] for m in recording.statuses(name)]
-        assert all(a != b for a, b in zip(statuses, statuses[1:], strict=False)), (name, statuses)
+        assert all(a != b for a, b in itertools.pairwise(statuses)), (name, statuses)
     current = checker.statuses()
     assert set(current) == set(INVARIANT_NAMES)
     assert current["optimizer_changes_params"]["status"] == "ok"
@@ -156,7 +158,8 @@ def test_close_removes_every_hook_and_stops_reporting() -> None:
 
 def test_optimizer_added_later_is_watched_and_the_model_found_at_a_forward() -> None:
     """Zero-code mode: created with no optimizer and no model, optimizers added as they appear."""
-    generator, discriminator = h.mlp((4, 16, 2), seed=1), h.mlp((2, 16, 16, 1), dropout=0.2, seed=2)
+    generator = h.mlp((4, 16, 2), seed=1)
+    discriminator = h.mlp((2, 16, 16, 1), dropout=0.2, seed=2)
     opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
     opt_d = torch.optim.Adam(discriminator.parameters(), lr=1e-3)
     recording, checker = _record([], None)
@@ -169,8 +172,10 @@ def test_optimizer_added_later_is_watched_and_the_model_found_at_a_forward() -> 
             discriminator.eval()  # left in eval mode: found only through the discovered root
         fake = generator(torch.randn(16, 4, generator=g))
         opt_d.zero_grad()
-        real_score, fake_score = discriminator(torch.randn(16, 2, generator=g)), discriminator(fake.detach())
-        (bce(real_score, torch.ones_like(real_score)) + bce(fake_score, torch.zeros_like(fake_score))).backward()
+        real_score = discriminator(torch.randn(16, 2, generator=g))
+        fake_score = discriminator(fake.detach())
+        d_loss = bce(real_score, torch.ones_like(real_score)) + bce(fake_score, torch.zeros_like(fake_score))
+        d_loss.backward()
         opt_d.step()
         if step == 0:
             checker.add_optimizer(opt_g)
@@ -210,7 +215,7 @@ def test_a_check_that_breaks_is_switched_off_and_training_goes_on(caplog) -> Non
     """A dry run on the meta device: values cannot be read back, training must still run."""
     model = nn.Linear(4, 2, device="meta")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    recording, checker = _record([optimizer], model)
+    _, checker = _record([optimizer], model)
     for _ in range(8):
         optimizer.zero_grad()
         model(torch.randn(3, 4, device="meta")).sum().backward()
@@ -257,10 +262,8 @@ def test_a_subclass_calling_super_step_and_a_step_that_raised_count_as_one_step_
             optimizer.zero_grad()
         h.backward(model, batch)
         optimizer.fail = step == 4
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop skips the failed step, as OOM-tolerant loops do
             optimizer.step()
-        except RuntimeError:
-            pass  # the loop skips the failed step, as OOM-tolerant loops do
     checker.close()
     [stale] = recording.events("stale_gradients")
     # Counted once per call: the 13th counted step is index 11, sampled at 20 (double counting

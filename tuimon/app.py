@@ -31,6 +31,7 @@ from textual.widgets import DataTable, Footer
 
 from tuimon.screens.event_detail import CONTEXT_STEPS, EventDetailScreen
 from tuimon.screens.help import HelpScreen
+from tuimon.screens.kb_link import KbLink
 from tuimon.store import THROUGHPUT_METRICS, EventRecord, RunView, Store
 from tuimon.themes import DEFAULT_THEME, THEME_ORDER, check_theme_name, load_themes
 from tuimon.widgets.charts import MetricChart
@@ -48,6 +49,11 @@ HANGUP_GRACE_S = 3.0
 #: The module an incident screen lives in; its key is shown only once it exists.
 INCIDENT_SCREEN_MODULE = "tuimon.screens.incidents"
 _REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_to"})
+#: Actions on the dashboard's own panels and source: only while the dashboard is the visible
+#: screen (on a screen pushed over it their keys mean something else there, or nothing).
+_DASHBOARD_ACTIONS = frozenset(
+    {"next_run", "chart", "next_chart", "focus_events", "event_details", "incidents", *_REPLAY_ACTIONS}
+)
 
 
 class Source(Protocol):
@@ -123,6 +129,7 @@ class TuimonApp(App[None]):
         *,
         theme: str = DEFAULT_THEME,
         run: str | None = None,
+        kb_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -135,6 +142,9 @@ class TuimonApp(App[None]):
         self._seen: dict[str, object] = {}
         self._generation = self.store.generation
         self._incidents_available = importlib.util.find_spec(INCIDENT_SCREEN_MODULE) is not None
+        #: The incident knowledge base (``kb_dir``, else $TUIMON_KB, config, default), opened off
+        #: the UI thread; "seen before" is offered for new events, the incident screen uses it.
+        self.kb_link = KbLink(kb_dir)
 
     # ------------------------------------------------------------------------------------ layout
 
@@ -152,6 +162,8 @@ class TuimonApp(App[None]):
     def on_mount(self) -> None:
         self.theme = self._initial_theme
         self.source.start()
+        if self._incidents_available:
+            self.kb_link.start(self)
         self.query_one(EventLog).focus()
         self.refresh_numbers()
         self.set_interval(1 / NUMBERS_HZ, self.refresh_numbers)
@@ -208,7 +220,10 @@ class TuimonApp(App[None]):
         if self._changed("invariants", versions["invariants"]):
             self.query_one(InvariantTable).show(store.invariants(run))
         if self._changed("events", versions["events"]):
-            self.query_one(EventLog).show(store.events(run))
+            events = store.events(run)
+            self.query_one(EventLog).show(events)
+            if self._incidents_available:
+                self.kb_link.offer_seen_before(run, events)
         chart = self.query_one(MetricChart)
         if self._changed("metric-names", versions["metrics"]):
             chart.set_names(store.metric_names(run))
@@ -230,6 +245,8 @@ class TuimonApp(App[None]):
     # ----------------------------------------------------------------------------------- actions
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _DASHBOARD_ACTIONS and self.screen is not self.screen_stack[0]:
+            return False
         if action in _REPLAY_ACTIONS:
             return self.source.kind == "replay"
         if action == "incidents":
@@ -252,7 +269,10 @@ class TuimonApp(App[None]):
             ("ctrl+p", "Command palette (themes, charts, runs, replay)"),
             ("↑ ↓", "Move in a table"),
         ]
-        return [("Dashboard", dashboard), ("Replay only", replay)]
+        sections = [("Dashboard", dashboard), ("Replay only", replay)]
+        if self._incidents_available:
+            sections += importlib.import_module(INCIDENT_SCREEN_MODULE).key_sections(self)
+        return sections
 
     def action_next_theme(self) -> None:
         order = list(THEME_ORDER)
@@ -373,13 +393,19 @@ class TuimonApp(App[None]):
 
 
 def run_dashboard(
-    source: Source, theme: str | None, *, run: str | None = None, cleanup: Callable[[], None] | None = None
+    source: Source,
+    theme: str | None,
+    *,
+    run: str | None = None,
+    cleanup: Callable[[], None] | None = None,
+    kb_dir: str | None = None,
 ) -> int:
     """Run the dashboard on ``source`` until the user quits or the terminal goes away (the
     commands' shared entry point). An unknown theme or a broken theme file is a UserError.
-    ``cleanup`` runs if the process has to be ended hard (see :class:`TerminalWatch`)."""
+    ``cleanup`` runs if the process has to be ended hard (see :class:`TerminalWatch`); ``kb_dir``
+    is ``--kb`` (the incident knowledge base; None: $TUIMON_KB, config, default)."""
     chosen = check_theme_name(theme or DEFAULT_THEME, load_themes())
-    app = TuimonApp(source, theme=chosen, run=run)
+    app = TuimonApp(source, theme=chosen, run=run, kb_dir=kb_dir)
     stdin = sys.__stdin__
     terminal = stdin.fileno() if stdin is not None and os.isatty(stdin.fileno()) else None
     with TerminalWatch(app, terminal, cleanup):

@@ -100,8 +100,8 @@ class InvariantChecker:
         self._train_mode = TrainModeCheck(self._board, self.config) if on("model_in_train_mode") else None
         self._ownership = (OwnershipCheck(self._board, self.config, self._namer)
                            if on("optimizer_owns_trainables") else None)
-        self._replicas = (ReplicaCheck(self._board, self.config, process_group, self._replica_params)
-                          if on("replicas_consistent") else None)
+        self._replicas = (ReplicaCheck(self._board, self.config, process_group, self._replica_params,
+                                       self._namer) if on("replicas_consistent") else None)
         self._discovery = (RootDiscovery(self.config, self._owned_ids, partial(self._adopt, discovered=True))
                            if model is None and (self._train_mode or self._ownership) else None)
         if model is not None:
@@ -112,6 +112,8 @@ class InvariantChecker:
                 check.meter = self._meter
         for optimizer in optimizers:
             self.add_optimizer(optimizer)
+        if self._discovery is not None:
+            self._run(self._discovery, self._discovery.after_step, 0)  # see the very first forward
 
     # ----------------------------------------------------------------- public API
 
@@ -136,6 +138,9 @@ class InvariantChecker:
         watch.handles = [optimizer.register_step_pre_hook(partial(self._before_step, watch)),
                          optimizer.register_step_post_hook(partial(self._after_step, watch))]
         self._watches[id(optimizer)] = watch
+        if self._discovery is not None:
+            self._discovery.restart()
+            self._global_quiet_until = 0
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Current status of each invariant: ``{name: {status, step, message, details}}``."""
@@ -236,18 +241,21 @@ class InvariantChecker:
 
         Per optimizer: up to the step before its next sampled one (whose pre-hook opens the
         gradient-clearing window); none while a parameter is inside its gradient window or no
-        sentinel is chosen yet. For the run-wide checks: until train-mode or discovery hooks must
-        be armed (the post-hook of the step before a sampled one), the next ownership check, or,
-        for the replica check, its next comparison (every step while one is in flight).
+        sentinel is chosen yet; for the first optimizer, the clock of the replica check, also up
+        to its next comparison (every step while one is in flight). For the run-wide checks: until
+        train-mode or discovery hooks must be armed (the post-hook of the step before a sampled
+        one) or the next ownership check.
         """
-        arrival, clearing = watch.arrival, watch.clearing
+        arrival, clearing, replicas = watch.arrival, watch.clearing, self._replicas
         quiet = watch.schedule.next_due(index + 1) - 1
         if (arrival is not None and index + 1 < arrival.window_end) or (
                 clearing is not None and not clearing.has_sentinel):
             quiet = index + 1
+        if watch.watched.index == 0 and replicas is not None:
+            quiet = min(quiet, index + 1 if replicas.busy else replicas.schedule.next_due(index + 1))
         watch.quiet_until = quiet
         upcoming = self._steps_done
-        mode, owned, discovery, replicas = self._train_mode, self._ownership, self._discovery, self._replicas
+        mode, owned, discovery = self._train_mode, self._ownership, self._discovery
         marks = [upcoming + 10**9]
         if mode is not None:
             marks.append(upcoming + 1 if mode.armed else mode.schedule.next_due(upcoming + 1))
@@ -255,9 +263,6 @@ class InvariantChecker:
             marks.append(upcoming + 1 if discovery.armed else discovery.schedule.next_due(upcoming + 1))
         if owned is not None:
             marks.append(owned.next_due(upcoming))
-        if replicas is not None and self._watches:
-            clock = next(iter(self._watches.values())).watched.count
-            marks.append(upcoming + 1 if replicas.busy else upcoming + replicas.schedule.next_due(clock) - clock + 1)
         self._global_quiet_until = min(marks)
 
     def _drain(self) -> None:

@@ -140,7 +140,8 @@ class StatusBoard:
         changed = previous is None or previous[0] != state["status"]
         reason = state["status"] == "unchecked" and previous is not None and previous[1] != state["message"]
         if force or changed or reason:
-            self._emit(self._emit_status, name, state["status"], state["step"], state["message"], state["details"])
+            self._emit(self._emit_status, name, state["status"], state["step"], state["message"],
+                       state["details"])
 
     @staticmethod
     def _emit(emit: Callable[..., None], *args: Any) -> None:
@@ -160,7 +161,8 @@ class Schedule:
         self._requested: set[int] = set()
 
     def due(self, index: int) -> bool:
-        return index < self._dense or index % self._every == 0 or (bool(self._requested) and index in self._requested)
+        return (index < self._dense or index % self._every == 0
+                or (bool(self._requested) and index in self._requested))
 
     def next_due(self, index: int) -> int:
         """The first step index >= ``index`` that is due."""

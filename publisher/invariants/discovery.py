@@ -34,6 +34,11 @@ class RootDiscovery(Check):
         self._fruitless = 0
         self.finished = False
 
+    def restart(self) -> None:
+        """A new optimizer appeared: its parameters may live in modules not found yet."""
+        self.finished = False
+        self._fruitless = 0
+
     def note_root(self, root: nn.Module) -> None:
         """A root known by other means (the model given later): its modules need no look."""
         self._known.update(id(m) for m in root.modules())
@@ -45,12 +50,13 @@ class RootDiscovery(Check):
 
     def after_step(self, next_index: int) -> None:
         """Called while armed and before sampled steps, until finished."""
-        if self._handle is not None:
+        wanted = self._owned() - self._covered
+        if self._handle is not None and wanted:
             self._fruitless += 1
-        if self._owned() <= self._covered or self._fruitless > _PATIENCE:
+        if (not wanted and self._covered) or self._fruitless > _PATIENCE:
             self.finished = True
             self.close()
-        elif self.schedule.due(next_index):
+        elif wanted and self.schedule.due(next_index):
             if self._handle is None:
                 self._handle = register_module_forward_pre_hook(self._on_forward)
         else:
@@ -68,9 +74,11 @@ class RootDiscovery(Check):
             self._look(module)
 
     def _look(self, module: nn.Module) -> None:
+        wanted = self._owned() - self._covered
+        if not wanted:
+            return  # no optimizer yet (or all found): judge no module now
         self._known.add(id(module))
-        params = {id(p) for p in module.parameters()}
-        if params & (self._owned() - self._covered):
+        if wanted.intersection(id(p) for p in module.parameters()):
             self._fruitless = 0
             self.note_root(module)
             self._adopt(module)

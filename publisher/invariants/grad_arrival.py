@@ -92,13 +92,15 @@ class ArrivalCheck(Check):
             names = [self._watched.label(self._namer, i) for i in overdue]
             message = (f"optimizer {opt}: {len(overdue)} trainable parameters got no gradient in "
                        f"{self._window} steps: {name_list(names)}")
-            details = {"optimizer": opt, "params": names[:50], "missing": len(overdue), "window": self._window,
+            details = {"optimizer": opt, "params": names[:50], "missing": len(overdue),
+                       "window": self._window,
                        "likely_causes": ["part of the forward runs under torch.no_grad() or uses .detach()",
                                          "a branch or layer that the forward never uses",
                                          "a gate or mask that multiplies the branch by zero"]}
             self._board.violation(RECEIVE, self._source, step, message, details, names)
         elif self._served:
-            waiting = f"; {len(self._waiting)} still within their first {self._window} steps" if self._waiting else ""
+            waiting = (f"; {len(self._waiting)} still within their first {self._window} steps"
+                       if self._waiting else "")
             self._board.report(RECEIVE, self._source, "ok", step,
                                f"optimizer {opt}: {len(self._served)} trainable parameters received gradients"
                                + waiting)

@@ -117,15 +117,15 @@ class ClearingCheck(Check):
     def _look_at_old_gradient(self) -> None:
         self._backwards += 1
         old = self._sentinel.grad
-        if old is None or self._cleared:
+        if old is None or self._cleared or (old.is_sparse and old._nnz() == 0):
             self._cleared = True
-        elif old.is_sparse:
-            self._cleared = old._nnz() == 0 or not bool(old._values().any())
-        elif old.device.type == "cpu":
-            self._cleared = not bool(old.any())
-        else:
+            return
+        values = old._values() if old.is_sparse else old
+        if values.device.type == "cpu":
+            self._cleared = not bool(values.any())
+        else:  # keep it on the device: read when the window closes, without a sync
             with torch.no_grad():
-                self._zero_tests.append(~old.any())
+                self._zero_tests.append(~values.any())
 
     def _close_window(self, step: int) -> None:
         self.armed = False

@@ -7,8 +7,8 @@ Two shapes of the fault, read from ``param_groups`` in the step post-hook:
 * every group of the optimizer has lr 0 for the first ``zero_lr_steps`` steps (lr read as 0).
 
 Read on sampled steps; once a group that could be faulty is seen at 0, on every step until the
-verdict, so "stays 0" counts consecutive steps. The event says when lr reached 0 as exactly as the sampling allows ("at
-step N", or "between steps M and N").
+verdict, so "stays 0" counts consecutive steps. The event says when lr reached 0 as exactly as the
+sampling allows ("at step N", or "between steps M and N").
 
 Healthy look-alikes: warm-up from 0 (one step at 0), the last step of a cosine schedule at 0, and a
 single group kept at lr 0 from the start while others train (a deliberate freeze).
@@ -43,14 +43,20 @@ class ZeroLrCheck(Check):
     def after_step(self, index: int, step: int) -> None:
         """Called on sampled steps; while a group sits at 0 it asks for every following step."""
         groups = self._watched.optimizer.param_groups
+        rates = [self._watched.lr(g) for g in range(len(groups))]
+        if not self._violated and len(rates) == len(self._was_positive) and all(r and r > 0 for r in rates):
+            # The usual case, every group moving: remember it and return.
+            self._was_positive = [True] * len(rates)
+            self._last_positive = [step] * len(rates)
+            self._zero_since = [None] * len(rates)
+            return
         while len(self._was_positive) < len(groups):
             self._was_positive.append(False)
             self._last_positive.append(None)
             self._zero_since.append(None)
         stuck: list[int] = []
         zero_groups = 0
-        for g in range(len(groups)):
-            lr = self._watched.lr(g)
+        for g, lr in enumerate(rates):
             if lr is None or lr != 0:
                 if lr is not None and lr > 0:
                     self._was_positive[g] = True

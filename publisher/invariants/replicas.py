@@ -29,9 +29,10 @@ import torch
 import torch.distributed as dist
 
 from publisher.invariants.config import InvariantConfig
-from publisher.invariants.core import Check, HostValue, Schedule, StatusBoard, name_list, stack_on
+from publisher.invariants.core import Check, HostValue, ParamNamer, Schedule, StatusBoard, name_list, stack_on
 
 REPLICAS = "replicas_consistent"
+_DISTRIBUTED = dist.is_available()
 _CLOSE_TIMEOUT = timedelta(seconds=10)
 _log = logging.getLogger(__name__)
 
@@ -49,8 +50,9 @@ class ReplicaCheck(Check):
     names = (REPLICAS,)
 
     def __init__(self, board: StatusBoard, config: InvariantConfig, process_group,
-                 named_params: Callable[[], list[tuple[str, torch.Tensor]]]) -> None:
+                 named_params: Callable[[], list[tuple[str, torch.Tensor]]], namer: ParamNamer) -> None:
         self._board = board
+        self._namer = namer
         self.schedule = Schedule(config.dense_steps, config.replica_every)
         self._rtol = config.replica_rtol
         self._process_group = process_group
@@ -66,7 +68,7 @@ class ReplicaCheck(Check):
 
     def why_unchecked(self) -> str | None:
         """Why replicas cannot be compared now, or None when they can (same answer on every rank)."""
-        if not dist.is_available():
+        if not _DISTRIBUTED:
             return "torch.distributed is not available in this torch build: nothing to compare"
         if not dist.is_initialized():
             return "single process (torch.distributed is not initialized): no replicas to compare"
@@ -148,7 +150,8 @@ class ReplicaCheck(Check):
         rows = torch.stack([received[r] for r in self._compared])
         if not bool((rows[:, 0] == step).all()):
             self._board.report(REPLICAS, "replicas", "unchecked", step,
-                               f"ranks compared checksums of different steps ({rows[:, 0].tolist()}): skipped")
+                               f"ranks compared checksums of different steps ({rows[:, 0].tolist()}): "
+                               "skipped")
             return
         count = int(rows[0, 1])
         if not bool((rows[:, 1] == count).all()):
@@ -172,17 +175,22 @@ class ReplicaCheck(Check):
         params = bad.any(dim=0).nonzero().flatten().tolist()
         ranks = (list(self._compared) if pair
                  else [self._compared[r] for r in bad.any(dim=1).nonzero().flatten().tolist()])
-        names = [self._names[i] for i in params]
+        # Named now rather than at setup: a model discovered after the first comparison names them.
+        names = [self._namer.name(self._params[i], self._names[i]) for i in params]
         relative = (off / scale.clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(math.inf)
-        who = f"ranks {ranks[0]} and {ranks[1]} disagree" if pair else f"rank(s) {ranks} differ from the others"
-        message = f"data-parallel replicas diverged at step {step}: {who} on {len(names)} parameters: {name_list(names)}"
+        who = (f"ranks {ranks[0]} and {ranks[1]} disagree" if pair
+               else f"rank(s) {ranks} differ from the others")
+        message = (f"data-parallel replicas diverged at step {step}: {who} on {len(names)} parameters: "
+                   f"{name_list(names)}")
         details = {"ranks": ranks, "params": names[:50], "diverged": len(names), "of": count,
                    "max_relative_difference": float(relative.max()),
-                   "likely_causes": ["forward through the raw module instead of the DDP wrapper (no gradient "
-                                     "all-reduce)", "model re-cast (.double(), .half(), .to()) after DDP wrapped it",
-                                     "gradient clipping or other gradient edits on some ranks only",
-                                     "a faulty all-reduce (network, GPU peer-to-peer link)"]}
+                   "likely_causes": [
+                       "forward through the raw module instead of the DDP wrapper (no gradient all-reduce)",
+                       "model re-cast (.double(), .half(), .to()) after DDP wrapped it",
+                       "gradient clipping or other gradient edits on some ranks only",
+                       "a faulty all-reduce (network, GPU peer-to-peer link)"]}
         if dist.get_rank() == min(self._compared):
-            self._board.violation(REPLICAS, "replicas", step, message, details, [(r, n) for r in ranks for n in names])
+            keys = [(r, n) for r in ranks for n in names]
+            self._board.violation(REPLICAS, "replicas", step, message, details, keys)
         else:
             self._board.report(REPLICAS, "replicas", "violated", step, message, details)

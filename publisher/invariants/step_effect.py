@@ -183,8 +183,8 @@ class StepEffectCheck(Check):
             moved = torch.zeros(len(samples), device=device).scatter_reduce_(
                 0, self._segment_ids(values.lengths, device), (after != values.before).float(), "amax")
         else:  # the step replaced a parameter by one of another size (a growing layer): it moved
-            moved = torch.tensor([s.numel() != n or bool((s != b).any()) for s, n, b in
-                                  zip(samples, values.lengths, values.before.split(values.lengths), strict=True)],
+            pairs = zip(samples, values.lengths, values.before.split(values.lengths), strict=True)
+            moved = torch.tensor([s.numel() != n or bool((s != b).any()) for s, n, b in pairs],
                                  dtype=torch.float32, device=device)
         verdict = moved if values.grad_max is None else torch.cat([moved, values.grad_max.to(moved.dtype)])
         self._pending.add(self, verdict, partial(self._resolve, snap))
@@ -231,7 +231,11 @@ class StepEffectCheck(Check):
         return samples
 
     def _segment_ids(self, lengths: list[int], device: torch.device) -> torch.Tensor:
-        """``[0, 0, 0, 1, 1, 2, ...]``: which parameter each sampled element belongs to (cached)."""
+        """``[0, 0, 0, 1, 1, 2, ...]``: which parameter each sampled element belongs to.
+
+        Built on the host and cached: its copy to an accelerator (a blocking host-to-device copy)
+        happens again only when the set of compared parameters changes.
+        """
         key = tuple(lengths)
         if self._segments is None or self._segments[0] != key or self._segments[1].device != device:
             ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
@@ -279,7 +283,8 @@ class StepEffectCheck(Check):
             self.schedule.request(snap.index + 1)
         else:
             self._board.report(UPDATES, self._source, "ok", snap.step,
-                               f"optimizer {opt}: step() changed all {len(expected)} parameters with gradients")
+                               f"optimizer {opt}: step() changed all {len(expected)} parameters with "
+                               "gradients")
 
     def _judge_gradless(self, index: int, step: int, any_gradient: bool) -> None:
         """An optimizer whose parameters carry no gradient at all at step() time does nothing."""
@@ -319,4 +324,5 @@ class StepEffectCheck(Check):
             self._board.violation(FROZEN, self._source, snap.step, message, details, names)
         elif not unsure:
             self._board.report(FROZEN, self._source, "ok", snap.step,
-                               f"optimizer {opt}: step() left its {len(snap.frozen)} frozen parameters unchanged")
+                               f"optimizer {opt}: step() left its {len(snap.frozen)} frozen parameters "
+                               "unchanged")

@@ -126,7 +126,8 @@ class TrainModeCheck(Check):
             return
         for i, root in enumerate(self._roots):
             if root.regions:
-                self._handles += [t.register_forward_pre_hook(partial(self._on_forward, i)) for t in root.targets]
+                hook = partial(self._on_forward, i)
+                self._handles += [target.register_forward_pre_hook(hook) for target in root.targets]
 
     def _disarm(self) -> None:
         for handle in self._handles:
@@ -141,7 +142,8 @@ class TrainModeCheck(Check):
 
     def _look(self, root_index: int) -> None:
         offenders: list[_Region] = []
-        for region in self._roots[root_index].regions:  # named_modules order: containers before their children
+        # named_modules order: containers come before their children.
+        for region in self._roots[root_index].regions:
             if region.module.training or any(region.inside(o) for o in offenders):
                 continue
             if any(not m.training for m in region.dependents) and any(

@@ -19,6 +19,7 @@ the assertions (which only read recordings) stay as they are.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import sys
 import tempfile
@@ -152,14 +153,16 @@ def judge(case: Case, recordings: Sequence[Recording]) -> Verdict:
         problems += [f"false alarm at step {e['step']} ({e['kind']}): {e['message']}" for e in alarms]
     else:
         early = [e for e in alarms if e["step"] < case.trigger]
-        problems += [f"alarm before the trigger, step {e['step']} ({e['kind']}): {e['message']}" for e in early]
+        problems += [f"alarm before the trigger, step {e['step']} ({e['kind']}): {e['message']}"
+                     for e in early]
         for kind in case.expect:
             steps = sorted(e["step"] for e in events if e["kind"] == kind and e["step"] >= case.trigger)
             delays[kind] = steps[0] - case.trigger if steps else None
             if not steps:
                 problems.append(f"{kind} never fired")
             elif delays[kind] > case.within:
-                problems.append(f"{kind} fired {delays[kind]} steps after the trigger (allowed {case.within})")
+                problems.append(f"{kind} fired {delays[kind]} steps after the trigger "
+                                f"(allowed {case.within})")
     return Verdict(case.name, delays, problems)
 
 
@@ -169,11 +172,13 @@ def main(case: Case) -> int:
     for recording in recordings:
         for m in recording.messages:
             if m["type"] == "event":
-                print(f"rank {m['rank']} step {m['step']:>3} EVENT {m['severity']:<8} {m['kind']}: {m['message']}")
+                print(f"rank {m['rank']} step {m['step']:>3} EVENT {m['severity']:<8} {m['kind']}: "
+                      f"{m['message']}")
         for name, state in final_statuses(recording).items():
             print(f"rank {recording.rank} {name:<26} {state['status']:<9} {state['message']}")
     verdict = judge(case, recordings)
-    what = "healthy run" if case.healthy else f"fault at step {case.trigger}, expecting {', '.join(case.expect)}"
+    what = ("healthy run" if case.healthy
+            else f"fault at step {case.trigger}, expecting {', '.join(case.expect)}")
     print(f"{case.name}: {what}: " + ("PASS" if verdict.passed else "FAIL"), verdict.delays or "")
     for problem in verdict.problems:
         print("  -", problem)
@@ -230,7 +235,7 @@ def mlp(sizes: Sequence[int] = (8, 32, 1), dropout: float = 0.0, batch_norm: boo
     """Linear layers with ReLU (and optional BatchNorm/Dropout) between them, seeded."""
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b))
         if i < len(sizes) - 2:
             layers += [nn.BatchNorm1d(b)] if batch_norm else []

@@ -19,8 +19,8 @@ def train(run: Run) -> None:
         real = torch.randn(32, 2, generator=g) * 0.5 + 2.0
         fake = generator(torch.randn(32, 4, generator=g))
         opt_d.zero_grad()
-        d_loss = bce(discriminator(real), torch.ones(32, 1)) + bce(discriminator(fake.detach()), torch.zeros(32, 1))
-        d_loss.backward()
+        d_real, d_fake = discriminator(real), discriminator(fake.detach())
+        (bce(d_real, torch.ones(32, 1)) + bce(d_fake, torch.zeros(32, 1))).backward()
         opt_d.step()
         opt_g.zero_grad()
         bce(discriminator(fake), torch.ones(32, 1)).backward()

@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
     )
+    parser.add_argument(
+        "--kb", metavar="DIR", help="incident knowledge base folder (default: $TUIMON_KB, config, per-user)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             watcher = threading.Thread(target=_report_exit, args=(child, source, log_path), daemon=True)
             watcher.start()
-            status = run_dashboard(source, args.theme, cleanup=child.terminate)
+            status = run_dashboard(source, args.theme, cleanup=child.terminate, kb_dir=args.kb)
         finally:
             exited_by_itself = _stop(child)
         failed = exited_by_itself and child.returncode != 0

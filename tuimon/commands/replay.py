@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
     )
+    parser.add_argument(
+        "--kb", metavar="DIR", help="incident knowledge base folder (default: $TUIMON_KB, config, per-user)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -33,4 +36,4 @@ def run(args: argparse.Namespace) -> int:
     from tuimon.replay import ReplaySource, parse_speed
 
     source = ReplaySource(args.files, speed=parse_speed(args.speed), paused=args.paused)
-    return run_dashboard(source, args.theme, run=args.run)
+    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb)

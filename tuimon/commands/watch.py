@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
     )
+    parser.add_argument(
+        "--kb", metavar="DIR", help="incident knowledge base folder (default: $TUIMON_KB, config, per-user)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -31,4 +34,4 @@ def run(args: argparse.Namespace) -> int:
 
     # Bad endpoints and an unusable registry folder fail here, before the screen opens.
     source = LiveSource(args.endpoints, run=args.run)
-    return run_dashboard(source, args.theme, run=args.run)
+    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb)

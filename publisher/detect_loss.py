@@ -1,0 +1,339 @@
+"""Detectors that read the loss: non-finite values, spikes, and a loss that never decreases.
+
+Defaults cite ``shared/notes/prior-art.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from publisher.findings import Detector, Finding, Metrics, fmt, where
+from publisher.invariants.core import name_list
+from publisher.tensorstats import LayerSample
+
+
+class NonFiniteLoss(Detector):
+    """Loss is NaN or +/-Inf: critical, from the first occurrence.
+
+    Every tool in prior-art.md treats a non-finite loss as an immediate fault (SageMaker's
+    "exploding tensor" rule; AutoTrainer's "loss NaN"; Lightning Fabric counts it as a spike).
+    The event says where the numbers went bad: the last finite loss before it, and (from the
+    per-layer sample the Monitor takes when the gradient norm is not finite) which parameters
+    hold non-finite gradients or values. Non-finite gradients caused by this loss are reported
+    here, not as a separate ``nonfinite_grad`` event.
+    """
+
+    def __init__(self) -> None:
+        self._last_finite: tuple[int, float] | None = None
+        self._current: tuple[int, Finding] | None = None
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        loss = metrics.get("loss")
+        if loss is None or math.isfinite(loss):
+            if loss is not None:
+                self._last_finite = (step, loss)
+            return ()
+        grad_norm = metrics.get("grad_norm")
+        before = self._last_finite
+        finding = Finding(
+            "nonfinite_loss",
+            f"loss is {loss} at {where(step, self.rank)}: this step's gradients are not usable"
+            + (f" (last finite loss {fmt(before[1])} at step {before[0]})" if before else ""),
+            {
+                "value": loss,
+                "step": step,
+                "rank": self.rank,
+                "grad_norm": grad_norm,
+                "lr": metrics.get("lr"),
+                "last_finite_loss": before[1] if before else None,
+                "last_finite_step": before[0] if before else None,
+                "likely_causes": [
+                    "learning rate too high or warm-up too short (check lr and grad_norm before it)",
+                    "fp16 overflow without (or with a stuck) loss scaler",
+                    "a batch holding NaN/Inf inputs or labels out of range",
+                    "log(0), sqrt of a negative or division by zero in the model or loss",
+                ],
+            },
+        )
+        self._current = (step, finding)
+        return (finding,)
+
+    def observe_layers(self, step: int, sample: LayerSample, metrics: Metrics) -> Sequence[Finding]:
+        current = self._current
+        if current is None or current[0] != step:
+            return ()
+        grads, params = sample.nonfinite("grad_norm"), sample.nonfinite("param_norm")
+        if not grads and not params:
+            return ()
+        finding = current[1]
+        where_bad = "; non-finite gradients in " + name_list(grads) if grads else ""
+        return (
+            dataclasses.replace(
+                finding,
+                message=finding.message + where_bad,
+                details={**finding.details, "nonfinite_grads": grads, "nonfinite_params": params},
+            ),
+        )
+
+
+class _LossWindow:
+    """The last ``size`` normal losses with O(1) mean and spread, of the loss and of its log.
+
+    Running sums are kept so a step costs a few float operations (this runs on the training
+    thread). They drift with floating-point error, so they are recomputed from the values each
+    time the window has been entirely replaced. ``nonpositive`` counts losses <= 0 in the window,
+    for which the log statistics do not exist.
+    """
+
+    __slots__ = ("_pushes", "log_sum", "log_sumsq", "nonpositive", "sum", "sumsq", "values")
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+        self.clear()
+
+    def clear(self) -> None:
+        self.values.clear()
+        self.sum = self.sumsq = self.log_sum = self.log_sumsq = 0.0
+        self.nonpositive = self._pushes = 0
+
+    def push(self, value: float) -> None:
+        values = self.values
+        if len(values) == values.maxlen:  # the oldest value leaves the sums
+            old = values[0]
+            self.sum -= old
+            self.sumsq -= old * old
+            if old > 0:
+                log = math.log(old)
+                self.log_sum -= log
+                self.log_sumsq -= log * log
+            else:
+                self.nonpositive -= 1
+        values.append(value)
+        self.sum += value
+        self.sumsq += value * value
+        if value > 0:
+            log = math.log(value)
+            self.log_sum += log
+            self.log_sumsq += log * log
+        else:
+            self.nonpositive += 1
+        self._pushes += 1
+        if self._pushes % values.maxlen == 0:
+            self._recompute()
+
+    def _recompute(self) -> None:
+        values = self.values
+        logs = [math.log(v) for v in values if v > 0]
+        self.sum, self.sumsq = math.fsum(values), math.fsum(v * v for v in values)
+        self.log_sum, self.log_sumsq = math.fsum(logs), math.fsum(v * v for v in logs)
+
+    @staticmethod
+    def spread(total: float, total_sq: float, n: int) -> tuple[float, float]:
+        """Mean and standard deviation from running sums."""
+        mean = total / n
+        return mean, math.sqrt(max(0.0, total_sq / n - mean * mean))
+
+
+class LossSpike(Detector):
+    """Loss far above its recent level, judged against the last ``window`` normal steps.
+
+    A step is a spike when BOTH hold (each alone has false alarms):
+    - ``loss >= ratio * mean`` (for a negative mean: ``loss - mean >= (ratio - 1) * |mean|``):
+      ratio 2.0, as LLM Foundry (loss >= 2x the mean of a 100-step window) and Lightning Fabric
+      (rtol 2.0). Alone, it fires on small noisy losses.
+    - the loss is ``z`` = 6 standard deviations above the window, as OLMo-core (mean + 6 sigma
+      over 128 steps). Alone, it fires on very flat curves where sigma is tiny. Unlike OLMo-core,
+      sigma is measured on log(loss) while losses are positive: per-batch losses are right-skewed
+      (a few hard batches), so a small-batch run with heavy-tailed noise gets a wide spread and
+      stays quiet, while on a steady large-batch run a real spike still stands out by dozens of
+      sigmas. Non-positive losses (ELBOs, log-likelihoods) are measured linearly.
+    ``window`` 100 follows LLM Foundry; no check before ``warmup`` (25, ZClip's warm-up) normal
+    steps, since the first steps fall fast and have no baseline. During normal descent the
+    window's mean lies above the current loss, which only makes the test stricter.
+
+    Unlike LLM Foundry (> 4 steps in a row) one step suffices: a corrupted batch is worth seeing,
+    and the episode tracker folds a sustained spike into one event. Spike values stay out of the
+    baseline so a divergence keeps being reported; after ``rebase_after`` spike steps in a row the
+    high level is accepted as the new normal (a data-phase change) and the baseline restarts.
+    """
+
+    #: Smallest spread assumed: 0.1 % of the loss (a perfectly flat curve has none at all).
+    MIN_RELATIVE_SPREAD = 1e-3
+
+    def __init__(
+        self,
+        window: int = 100,
+        ratio: float = 2.0,
+        z: float = 6.0,
+        warmup: int = 25,
+        rebase_after: int = 200,
+    ) -> None:
+        if window < 2 or warmup < 2 or warmup > window:
+            raise ValueError("LossSpike needs 2 <= warmup <= window")
+        self.ratio = ratio
+        self.z = z
+        self.warmup = warmup
+        self.rebase_after = rebase_after
+        self._window = _LossWindow(window)
+        self._spike_run = 0
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        loss = metrics.get("loss")
+        if loss is None or not math.isfinite(loss):
+            return ()
+        window = self._window
+        n = len(window.values)
+        if n < self.warmup:
+            window.push(loss)
+            return ()
+        mean, std = window.spread(window.sum, window.sumsq, n)
+        in_log_space = window.nonpositive == 0 and loss > 0
+        if in_log_space:
+            log_mean, log_std = window.spread(window.log_sum, window.log_sumsq, n)
+            spread = max(log_std, self.MIN_RELATIVE_SPREAD)
+            sigmas = (math.log(loss) - log_mean) / spread
+        else:
+            spread = max(std, self.MIN_RELATIVE_SPREAD * abs(mean), 1e-12)
+            sigmas = (loss - mean) / spread
+        if loss - mean < (self.ratio - 1.0) * abs(mean) or sigmas < self.z:
+            self._spike_run = 0
+            window.push(loss)
+            return ()
+        self._spike_run += 1
+        if self._spike_run >= self.rebase_after:
+            window.clear()
+            self._spike_run = 0
+        ratio = loss / mean if mean > 0 else None
+        times = f"{ratio:.1f}x" if ratio is not None else f"+{fmt(loss - mean)} over"
+        return (
+            Finding(
+                "loss_spike",
+                f"loss {fmt(loss)} at {where(step, self.rank)} is {times} its recent mean {fmt(mean)} "
+                f"(+{sigmas:.0f} sigma over the last {n} steps)",
+                {
+                    "value": loss,
+                    "baseline": mean,
+                    "ratio": ratio,
+                    "sigmas": sigmas,
+                    "spread": spread,
+                    "spread_of": "log(loss)" if in_log_space else "loss",
+                    "window": n,
+                    "step": step,
+                    "rank": self.rank,
+                    "grad_norm": metrics.get("grad_norm"),
+                    "lr": metrics.get("lr"),
+                    "likely_causes": [
+                        "a bad or corrupted batch (look at the data of this step)",
+                        "learning rate too high for this phase (check lr and the schedule)",
+                        "optimizer instability (Adam epsilon/beta2 too small, no grad clipping)",
+                        "numerics: fp16/bf16 overflow, a loss scaler that just changed",
+                    ],
+                },
+            ),
+        )
+
+
+def chance_classes(loss: float, tolerance: float = 0.01, most: int = 1000) -> int | None:
+    """The class count ``k`` whose chance-level cross-entropy ``log(k)`` is within ``tolerance``
+    (relative) of ``loss``, if any: a model predicting a constant sits there."""
+    if not 0.5 < loss < math.log(most + 1):
+        return None
+    k = max(2, round(math.exp(loss)))
+    return k if abs(loss - math.log(k)) <= tolerance * math.log(k) else None
+
+
+class LossPlateau(Detector):
+    """The loss is not decreasing: the run has not learned anything since it settled.
+
+    SageMaker's LossNotDecreasing rule (less than 0.1 % over 10 steps) fires on every converged
+    or noisy run. The question asked here is narrower, so the answer can be trusted: skip the
+    first ``settle`` (10) steps, whose drop from a random initialisation to the label prior is
+    not learning (cross-entropy falls to log(num_classes) even with labels shuffled apart from
+    the inputs); the mean of the next ``window`` (30) losses is the reference; when ``patience``
+    (60) more steps later the mean of the last ``window`` losses is still not ``min_progress``
+    (2 %) below the reference, the model is learning nothing: warning (DeepDiagnosis and
+    AutoTrainer name this "loss not decreasing" / "slow convergence"). Once the loss has dropped
+    by ``min_progress`` the run is learning and the detector stops: a later plateau is
+    convergence, not a fault. Means over 30 steps keep small noisy batches quiet.
+
+    Steps with a learning rate of 0 or one still rising (warm-up, from 0 or not) do not count, so
+    a long warm-up is never mistaken for a plateau. The message says when the loss sits at
+    ``log(k)``, the chance level of a k-class classifier.
+    """
+
+    quiet_to_close = 50
+
+    def __init__(self, settle: int = 10, window: int = 30, patience: int = 60, min_progress: float = 0.02):
+        if settle < 0 or window < 2 or patience < 1 or not 0 < min_progress < 1:
+            raise ValueError("LossPlateau: settle >= 0, window >= 2, patience >= 1, 0 < min_progress < 1")
+        self.settle = settle
+        self.window = window
+        self.patience = patience
+        self.min_progress = min_progress
+        self._counted = 0
+        self._lr: float | None = None
+        self._reference: float | None = None
+        self._recent: deque[float] = deque(maxlen=window)
+        self._recent_sum = 0.0
+        self._learning = False
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        loss = metrics.get("loss")
+        if self._learning or loss is None or not math.isfinite(loss):
+            return ()
+        lr, previous = metrics.get("lr"), self._lr
+        self._lr = lr
+        if lr is not None and (lr <= 0 or (previous is not None and lr > previous * (1 + 1e-9))):
+            return ()  # warm-up or a zero learning rate: no progress is expected
+        self._counted += 1
+        if self._counted <= self.settle:
+            return ()
+        recent = self._recent
+        if len(recent) == recent.maxlen:
+            self._recent_sum -= recent[0]
+        recent.append(loss)
+        self._recent_sum += loss
+        if len(recent) < recent.maxlen:
+            return ()
+        mean = self._recent_sum / len(recent)
+        reference = self._reference
+        if reference is None:
+            self._reference = mean
+            return ()
+        if mean <= reference - self.min_progress * abs(reference):
+            self._learning = True
+            return ()
+        waited = self._counted - self.settle - self.window
+        if waited < self.patience or abs(reference) < 1e-12:
+            return ()
+        first = step - waited - self.window + 1
+        classes = chance_classes(mean)
+        chance = f"; it equals log({classes}): chance level for {classes} classes" if classes else ""
+        return (
+            Finding(
+                "loss_plateau",
+                f"loss has not decreased since it settled: mean {fmt(mean)} over the last {self.window} "
+                f"steps vs {fmt(reference)} around step {first} ({where(step, self.rank)}){chance}",
+                {
+                    "mean_loss": mean,
+                    "reference_loss": reference,
+                    "change": (mean - reference) / abs(reference),
+                    "min_progress": self.min_progress,
+                    "steps_without_progress": waited,
+                    "window": self.window,
+                    "chance_level_classes": classes,
+                    "lr": lr,
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "labels do not match the inputs (shuffled or joined separately): chance-level loss",
+                        "learning rate far too small, or the optimizer does not hold the model's parameters",
+                        "gradients never reach the weights (detached tensors, frozen layers, vanishing)",
+                        "inputs carry no signal (all equal, wrong column, normalised to zero)",
+                    ],
+                },
+            ),
+        )

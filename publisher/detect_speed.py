@@ -1,0 +1,310 @@
+"""Detectors that read time and memory: throughput, slow steps, the input pipeline, leaks.
+
+They read the step metrics ``step_time``, ``data_time``, ``samples_per_s`` / ``tokens_per_s``,
+``host_mem_bytes`` and ``cuda_mem_allocated`` (see docs/protocol.md). Defaults cite
+``shared/notes/prior-art.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+from publisher.findings import Detector, Finding, Metrics, fmt, where
+
+_MIB = 1024 * 1024
+
+
+def _rate(metrics: Metrics) -> tuple[str, float] | None:
+    """The step's throughput: samples/s or tokens/s when known, else steps/s."""
+    for name in ("samples_per_s", "tokens_per_s"):
+        value = metrics.get(name)
+        if value is not None and value > 0 and math.isfinite(value):
+            return name, value
+    step_time = metrics.get("step_time")
+    if step_time is not None and step_time > 0 and math.isfinite(step_time):
+        return "steps_per_s", 1.0 / step_time
+    return None
+
+
+class ThroughputDrop(Detector):
+    """Throughput fell to ``ratio`` (0.5) of its level before, for a whole ``window`` of steps.
+
+    The median throughput of the last ``window`` (20) steps against the median of the
+    ``baseline`` (100) steps before them; medians, so one slow step (an evaluation pause, a
+    checkpoint, garbage collection) changes neither. Checked once ``warmup`` (10) steps are
+    past, and only when the slow window lasted ``min_duration_s`` (1 s) of wall time: a
+    millisecond-scale loop that loses the CPU for a few milliseconds is not a drop. After
+    ``baseline`` slow steps the slow level is the new baseline and the episode ends. BLOOM lost
+    5 % to one slow GPU unnoticed (prior-art.md); a halving is what is worth an alarm by default.
+    """
+
+    quiet_to_close = 20
+
+    def __init__(self, window: int = 20, baseline: int = 100, ratio: float = 0.5, warmup: int = 10,
+                 min_duration_s: float = 1.0) -> None:
+        self.window = window
+        self.ratio = ratio
+        self.warmup = warmup
+        self.min_duration_s = min_duration_s
+        self._seen = 0
+        self._rates: deque[float] = deque(maxlen=window + baseline)
+        self._times: deque[float] = deque(maxlen=window)
+        self._unit = "steps_per_s"
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        rate = _rate(metrics)
+        if rate is None:
+            return ()
+        self._seen += 1
+        if self._seen <= self.warmup:
+            return ()
+        unit, value = rate
+        if unit != self._unit:  # the user started passing samples: a new series
+            self._unit = unit
+            self._rates.clear()
+        self._rates.append(value)
+        self._times.append(metrics.get("step_time") or 0.0)
+        rates = self._rates
+        if len(rates) < self.window * 2 or step % max(1, self.window // 4):
+            return ()  # judged every few steps: medians cost more than the other detectors
+        history = list(rates)
+        recent = statistics.median(history[-self.window:])
+        before = statistics.median(history[: -self.window])
+        slow_for = math.fsum(self._times)
+        if recent > self.ratio * before or slow_for < self.min_duration_s:
+            return ()
+        return (
+            Finding(
+                "throughput_drop",
+                f"throughput fell to {recent / before:.0%} of its level: {fmt(recent)} "
+                f"{unit.replace('_', ' ')} over the last {self.window} steps against {fmt(before)} before "
+                f"({where(step, self.rank)})",
+                {
+                    "metric": unit,
+                    "recent": recent,
+                    "before": before,
+                    "ratio": recent / before,
+                    "window": self.window,
+                    "baseline_steps": len(history) - self.window,
+                    "data_time": metrics.get("data_time"),
+                    "step_time": metrics.get("step_time"),
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "the input pipeline slowed down (check data_time; storage, workers, CPU)",
+                        "another process shares the GPUs or CPUs (nvidia-smi, top)",
+                        "GPU throttling (thermal or power) or a lower clock (see the GPU panel)",
+                        "a slower phase of the run: longer sequences, more evaluation, synchronous logging",
+                    ],
+                },
+            ),
+        )
+
+
+class StepTimeOutlier(Detector):
+    """One step took far longer than usual: info (it is not a fault by itself).
+
+    SageMaker's StepOutlier rule: step time above mean + 3 sigma. Here on robust statistics of
+    the last ``window`` (100) normal steps (median, and sigma from the median absolute deviation,
+    which one outlier does not inflate), after ``warmup`` (20) steps, and only when the step is
+    also ``min_ratio`` (2) times the median and ``min_extra_s`` (0.5 s) longer: stalls a person
+    notices, not scheduler noise. Evaluation pauses and checkpoints are such stalls; reported as
+    ``info``, and a periodic one folds into one episode (``quiet_to_close`` 1000 steps).
+    """
+
+    quiet_to_close = 1000
+
+    def __init__(self, window: int = 100, warmup: int = 20, z: float = 3.0, min_ratio: float = 2.0,
+                 min_extra_s: float = 0.5) -> None:
+        self.warmup = warmup
+        self.z = z
+        self.min_ratio = min_ratio
+        self.min_extra_s = min_extra_s
+        self._times: deque[float] = deque(maxlen=window)
+        self._median = 0.0
+        self._spread = 0.0
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        step_time = metrics.get("step_time")
+        if step_time is None or not math.isfinite(step_time):
+            return ()
+        times = self._times
+        if len(times) < self.warmup:
+            times.append(step_time)
+            return ()
+        if step % 10 == 0 or not self._median:  # robust statistics, refreshed every 10 steps
+            self._median = statistics.median(times)
+            self._spread = 1.4826 * statistics.median(abs(t - self._median) for t in times)
+        median = self._median
+        limit = max(median + self.z * self._spread, self.min_ratio * median, median + self.min_extra_s)
+        if step_time <= limit:
+            times.append(step_time)
+            return ()
+        return (
+            Finding(
+                "step_time_outlier",
+                f"step {step} took {fmt(step_time)} s, {step_time / median:.0f}x the usual {fmt(median)} s "
+                f"({where(step, self.rank)})",
+                {
+                    "step_time": step_time,
+                    "median": median,
+                    "sigma": self._spread,
+                    "data_time": metrics.get("data_time"),
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "an evaluation, checkpoint or logging pause inside the loop (expected if periodic)",
+                        "waiting for data (a DataLoader worker restarting, a slow file)",
+                        "a straggling rank in a collective, or a host-device synchronisation",
+                    ],
+                },
+            ),
+        )
+
+
+class DataBottleneck(Detector):
+    """Waiting for the next batch takes at least ``share`` (50 %) of the step time over ``window``
+    (20) steps.
+
+    ``data_time`` (time blocked in the DataLoader, from ``Monitor.track_data`` or the zero-code
+    hook) over ``step_time`` (wall time from one step to the next, which includes that wait),
+    summed over the window so that one slow batch does not decide. At half the step the
+    accelerator idles at least half the time: SageMaker's CPU-bottleneck rule looks for the same
+    starvation from the GPU side (GPU < 10 % busy while the CPU is > 90 %). The first ``warmup``
+    (5) steps, while DataLoader workers start, do not count.
+    """
+
+    quiet_to_close = 20
+
+    def __init__(self, share: float = 0.5, window: int = 20, warmup: int = 5) -> None:
+        self.share = share
+        self.window = window
+        self.warmup = warmup
+        self._seen = 0
+        self._pairs: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        data_time, step_time = metrics.get("data_time"), metrics.get("step_time")
+        if data_time is None or step_time is None or step_time <= 0:
+            return ()
+        self._seen += 1
+        if self._seen <= self.warmup:
+            return ()
+        self._pairs.append((data_time, step_time))
+        if len(self._pairs) < self.window:
+            return ()
+        waited = math.fsum(d for d, _ in self._pairs)
+        total = math.fsum(s for _, s in self._pairs)
+        share = waited / total
+        if share < self.share:
+            return ()
+        return (
+            Finding(
+                "data_bottleneck",
+                f"waiting for data took {share:.0%} of the last {self.window} steps "
+                f"({fmt(waited / self.window * 1000)} ms of {fmt(total / self.window * 1000)} ms per step, "
+                f"{where(step, self.rank)})",
+                {
+                    "data_share": share,
+                    "data_time_mean": waited / self.window,
+                    "step_time_mean": total / self.window,
+                    "window": self.window,
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "too few DataLoader workers (num_workers) or no prefetching / pin_memory",
+                        "slow storage or a network filesystem under load",
+                        "expensive decoding or augmentation on the CPU (move it to the GPU or cache it)",
+                        "the CPUs are shared with other jobs",
+                    ],
+                },
+            ),
+        )
+
+
+class MemoryGrowth(Detector):
+    """Host or CUDA memory rising steadily across steps: a leak, or an OOM on its way.
+
+    Two series, each its own episode: ``host_mem_bytes`` (resident set size) and
+    ``cuda_mem_allocated`` (live tensors). Its baseline is the lowest reading after ``warmup``
+    (20) steps, once allocators and caches have filled. It fires when the reading is at least
+    ``min_bytes`` (64 MiB) and ``min_share`` (5 %; SageMaker's GPU-memory rule: +5 points of the
+    moving average) above that baseline AND rose in at least ``rising`` (75 %) of the last
+    ``window`` (8) readings: a one-off rise (the first evaluation, a bigger batch) stays quiet,
+    a steady climb (a list of losses that keep their graphs) does not.
+    """
+
+    SERIES = ("host_mem_bytes", "cuda_mem_allocated")
+    quiet_to_close = 10
+
+    def __init__(self, warmup: int = 20, window: int = 8, min_bytes: int = 64 * _MIB,
+                 min_share: float = 0.05, rising: float = 0.75) -> None:
+        self.warmup = warmup
+        self.window = window
+        self.min_bytes = min_bytes
+        self.min_share = min_share
+        self.rising = rising
+        self._readings: dict[str, deque[tuple[int, float]]] = {
+            name: deque(maxlen=window + 1) for name in self.SERIES
+        }
+        self._baseline: dict[str, tuple[int, float]] = {}
+        self._seen = 0
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        self._seen += 1
+        if self._seen <= self.warmup:
+            return ()
+        findings = []
+        for name in self.SERIES:
+            value = metrics.get(name)
+            if value is None:
+                continue
+            readings = self._readings[name]
+            readings.append((step, value))
+            baseline = self._baseline.get(name)
+            if baseline is None or value < baseline[1]:
+                self._baseline[name] = baseline = (step, value)
+            if len(readings) <= self.window:
+                continue
+            growth = value - baseline[1]
+            values = [v for _, v in readings]
+            rises = sum(b > a for a, b in itertools.pairwise(values))
+            threshold = max(self.min_bytes, self.min_share * baseline[1])
+            if growth < threshold or rises < self.rising * self.window:
+                continue
+            first_step = readings[0][0]
+            per_step = (value - readings[0][1]) / max(1, step - first_step)
+            what = "host memory (RSS)" if name == "host_mem_bytes" else "CUDA memory allocated"
+            findings.append(
+                Finding(
+                    "memory_growth",
+                    f"{what} keeps growing: {value / _MIB:.0f} MiB, +{growth / _MIB:.0f} MiB since step "
+                    f"{baseline[0]}, about {per_step / _MIB:.2f} MiB per step lately "
+                    f"({where(step, self.rank)})",
+                    {
+                        "series": name,
+                        "bytes": value,
+                        "baseline_bytes": baseline[1],
+                        "baseline_step": baseline[0],
+                        "growth_bytes": growth,
+                        "bytes_per_step": per_step,
+                        "rising_readings": rises,
+                        "readings": self.window,
+                        "step": step,
+                        "rank": self.rank,
+                        "likely_causes": [
+                            "tensors that keep their autograd graph are stored across steps "
+                            "(losses.append(loss) instead of loss.item(); outputs kept for metrics)",
+                            "a cache or list that grows every step (logging buffers, a dict keyed by batch)",
+                            "DataLoader workers growing by copy-on-write (Python objects in the Dataset)",
+                            "CUDA: tensors kept in a global, or a growing KV cache / memory bank",
+                        ],
+                    },
+                    key=name,
+                )
+            )
+        return findings

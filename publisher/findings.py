@@ -1,0 +1,99 @@
+"""The detector contract: what a detector sees, and the :class:`Finding` it answers with.
+
+Kept apart from the detectors themselves (``publisher.detect_*``) and from the episode logic
+(``publisher.detectors``) so that every detector module depends on this one only. Observations
+are plain numbers: a step's metrics, a GPU reading, or a sampled per-layer
+:class:`~publisher.tensorstats.LayerSample` already fetched to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from publisher.event_kinds import EVENT_KINDS
+
+if TYPE_CHECKING:
+    from publisher.tensorstats import LayerSample
+
+Metrics = Mapping[str, float]
+Devices = Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One detector's verdict on one observation: what was seen, how bad, and the numbers.
+
+    ``key`` separates simultaneous episodes of the same kind (the GPU index for GPU findings, the
+    memory series for memory growth). ``severity`` None means the kind's default from
+    ``EVENT_KINDS``.
+    """
+
+    kind: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+    severity: str | None = None
+    key: Any = None
+
+    def resolved_severity(self) -> str:
+        if self.severity is not None:
+            return self.severity
+        known = EVENT_KINDS.get(self.kind)
+        return known.default_severity if known else "info"
+
+
+class Detector:
+    """Base class. Override the ``observe_*`` hooks you need; each returns findings (or ``()``).
+
+    ``rank`` is set by the :class:`~publisher.detectors.DetectorSet` so messages can say where
+    something happened. All hooks of one detector are called from one thread at a time.
+    """
+
+    #: Observations without a finding after which an open episode of this detector ends.
+    quiet_to_close: int = 20
+    rank: int = 0
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        """Called once per optimizer step with that step's metrics (``loss`` when known).
+
+        Return ``()`` when nothing is wrong (a list or tuple, not a generator: emptiness is the
+        fast path).
+        """
+        return ()
+
+    def observe_layers(self, step: int, sample: LayerSample, metrics: Metrics) -> Sequence[Finding]:
+        """Called on sampled steps with per-parameter and per-module statistics (after the step's
+        ``observe_step``), and on steps whose gradient norm was not finite (gradients only)."""
+        return ()
+
+    def observe_gpu(self, step: int | None, devices: Devices) -> Sequence[Finding]:
+        """Called once per GPU sample with the protocol's device dicts; ``step`` is the latest."""
+        return ()
+
+
+def overrides(detector: Detector, hook: str) -> bool:
+    """Whether ``detector``'s class implements ``hook`` (so the set never calls empty hooks)."""
+    return getattr(type(detector), hook) is not getattr(Detector, hook)
+
+
+def where(step: int | None, rank: int) -> str:
+    return f"step {step}, rank {rank}" if step is not None else f"rank {rank}"
+
+
+def fmt(value: float | None) -> str:
+    """Compact number for a one-line message: 3 significant digits, scientific when extreme."""
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+class Streak:
+    """Counts consecutive observations for which a condition held (a confirmation rule)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def update(self, condition: bool) -> int:
+        self.count = self.count + 1 if condition else 0
+        return self.count
