@@ -22,8 +22,9 @@ from tuimon.kb import db as kbdb
 from tuimon.kb.export import ExportFolder, ExportReport, render
 from tuimon.kb.incidents import NO_FILTER, IncidentFilter, MergeOutcome
 from tuimon.kb.location import KbLocation, prepare_folder, resolve_author, resolve_location
-from tuimon.kb.markdown_import import ImportProblem, ParseError, parse_file
+from tuimon.kb.markdown_import import ParseError, parse_file
 from tuimon.kb.model import ContextRecord, Entry, Incident, IncidentDraft
+from tuimon.kb.problems import FileProblem
 from tuimon.kb.runbooks import RunbookLibrary, RunbookProgress, load_runbooks, progress, shipped_runbooks_dir
 
 Ref = int | str
@@ -32,7 +33,7 @@ Ref = int | str
 @dataclass
 class ImportReport:
     imported: list[tuple[Path, MergeOutcome]] = field(default_factory=list)
-    problems: list[ImportProblem] = field(default_factory=list)
+    problems: list[FileProblem] = field(default_factory=list)
 
 
 class KnowledgeBase:
@@ -373,10 +374,10 @@ class KnowledgeBase:
             try:
                 parsed = parse_file(path)
             except ParseError as exc:
-                report.problems.append(ImportProblem(path, exc.line, str(exc)))
+                report.problems.append(FileProblem(path, exc.line, str(exc)))
                 continue
             except OSError as exc:
-                report.problems.append(ImportProblem(path, 1, f"cannot read: {exc.strerror}"))
+                report.problems.append(FileProblem(path, 1, f"cannot read: {exc.strerror}"))
                 continue
             with self._lock:
                 outcome = incidents.merge(self._db, parsed.incident, parsed.entries, parsed.context)

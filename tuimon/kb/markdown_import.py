@@ -21,27 +21,14 @@ from tuimon.errors import UserError
 from tuimon.kb import mdformat as fmt
 from tuimon.kb import model
 from tuimon.kb.model import ContextRecord, Entry, Incident
+from tuimon.kb.problems import LineError
 from tuimon.kb.runbooks import markdown_parser
 
 _NOT_AN_EXPORT = "expected the field list ('- **ID:** ...') under the title: is this a tuimon export?"
 
 
-class ParseError(ValueError):
-    """A problem in an incident file; ``line`` is 1-based."""
-
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(message)
-        self.line = line
-
-
-@dataclass(frozen=True)
-class ImportProblem:
-    path: Path
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+class ParseError(LineError):
+    """A problem in an exported incident file."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from markdown_it.token import Token
 
 import tuimon
 from tuimon.kb.model import Entry
+from tuimon.kb.problems import FileProblem, LineError
 
 COMPONENTS = ("data", "model", "infrastructure")
 SECTIONS = ("symptom", "first checks", "likely causes", "escalation", "what to record")
@@ -38,22 +39,8 @@ _FIELD = re.compile(r"\*\*(Component|Verify|Mitigate):\*\*\s*(.*)", re.DOTALL)
 _KIND = re.compile(r"[a-z0-9_]+")
 
 
-class RunbookError(ValueError):
-    """A runbook that does not follow the format; ``line`` is 1-based."""
-
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(message)
-        self.line = line
-
-
-@dataclass(frozen=True)
-class RunbookProblem:
-    path: Path
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+class RunbookError(LineError):
+    """A runbook that does not follow the format."""
 
 
 @dataclass(frozen=True)
@@ -280,7 +267,7 @@ class RunbookLibrary:
     """Every runbook that loaded, by name, and the problems of those that did not."""
 
     runbooks: dict[str, Runbook]
-    problems: tuple[RunbookProblem, ...]
+    problems: tuple[FileProblem, ...]
 
     def for_kinds(self, kinds: Iterable[str]) -> list[Runbook]:
         wanted = list(kinds)
@@ -310,14 +297,14 @@ def load_runbooks(folders: Iterable[Path]) -> RunbookLibrary:
                 if path.name.lower() != "readme.md":
                     files[path.stem] = path
     runbooks: dict[str, Runbook] = {}
-    problems: list[RunbookProblem] = []
+    problems: list[FileProblem] = []
     for name, path in sorted(files.items()):
         try:
             runbooks[name] = parse_runbook(path.read_text(encoding="utf-8"), path)
         except RunbookError as exc:
-            problems.append(RunbookProblem(path, exc.line, str(exc)))
+            problems.append(FileProblem(path, exc.line, str(exc)))
         except (OSError, UnicodeDecodeError) as exc:
-            problems.append(RunbookProblem(path, 1, f"cannot read: {exc}"))
+            problems.append(FileProblem(path, 1, f"cannot read: {exc}"))
     return RunbookLibrary(runbooks, tuple(problems))
 
 
