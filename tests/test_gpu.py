@@ -1,8 +1,8 @@
 """GPU sources: the simulated node behind the NVML interface, the no-driver path, the sampler thread.
 
-This machine has no NVIDIA driver, so NvmlSource is checked only for how it fails (and for its
-throttle-bit decoding, which needs no driver). Tests that need the absence of a driver skip
-themselves where one exists.
+Tests that need the absence of a driver skip themselves where one exists, and the test of the
+real NVML reader skips itself where none exists (as on CI): run the suite on a GPU node to
+exercise it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def driver_present() -> bool:
 
 
 needs_no_driver = pytest.mark.skipif(driver_present(), reason="an NVIDIA driver is present on this machine")
+needs_driver = pytest.mark.skipif(not driver_present(), reason="no NVIDIA driver on this machine")
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +136,34 @@ def test_throttle_bits_decode_to_names_and_idle_is_not_throttling() -> None:
     power_and_board = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwSlowdown
     assert decode_throttle(power_and_board) == ["sw_power_cap", "hw_slowdown"]
     assert decode_throttle(pynvml.nvmlClocksEventReasonHwThermalSlowdown) == ["hw_thermal"]
+
+
+@needs_no_driver
+@needs_driver
+def test_nvml_reads_every_device_of_this_node_with_the_protocol_fields() -> None:
+    source = open_gpu_source("nvml")
+    try:
+        assert source is not None and source.kind == "nvml" and not source.simulated
+        devices = source.read()
+    finally:
+        source.close()
+    assert [d["index"] for d in devices] == list(range(pynvml_device_count()))
+    for device in devices:
+        assert tuple(device) == DEVICE_FIELDS
+        assert "Simulated" not in (device["name"] or "")
+        assert 0 <= device["util"] <= 100
+        assert 0 < device["mem_used"] <= device["mem_total"]
+        assert device["temp_c"] > 0 and device["sm_clock_mhz"] > 0
+        assert device["throttle"] is None or isinstance(device["throttle"], list)
+    json.dumps(devices)  # wire-safe as read
+
+
+def pynvml_device_count() -> int:
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
 
 
 @needs_no_driver
