@@ -124,6 +124,8 @@ class NonFiniteGrads(Detector):
     autograd function, an overflow in fp16 gradients).
     """
 
+    reads_partial_samples = True
+
     quiet_to_close = 5
 
     def observe_layers(self, step: int, sample: LayerSample, metrics: Metrics) -> Sequence[Finding]:
@@ -263,10 +265,12 @@ class UpdateRatio(Detector):
       ``jump_floor`` (1e-2; the usual rule of thumb for healthy training is about 1e-3, not a
       default from prior-art.md): a learning rate suddenly 100x larger shows here at once, while
       a warm restart from a near-zero rate (1e-5 -> 1e-3) stays quiet;
-    - too low: below ``min_ratio`` (1e-8, SageMaker) on ``confirm`` (2) samples in a row while
-      ``lr * |grad| / |w|`` (what plain SGD would have moved) is at least 100x larger: the update
-      vanished on its way to the weights (fp16 weights, an epsilon or clipping that swallows it).
-      A ratio that is small because the gradients are (convergence) is not reported.
+    - too low: above 0 but below ``min_ratio`` (1e-8, SageMaker) on ``confirm`` (2) samples in a
+      row while ``lr * |grad| / |w|`` (what plain SGD would have moved) is at least 100x larger:
+      the update vanished on its way to the weights (fp16 weights, an epsilon or clipping that
+      swallows it). A ratio that is small because the gradients are (convergence) is not
+      reported, nor one of exactly 0: a step that changed nothing is ``optimizer_noop``'s (the
+      invariants know when that is fine, as for LBFGS at convergence).
     """
 
     quiet_to_close = 3
@@ -301,7 +305,7 @@ class UpdateRatio(Detector):
                 continue  # an outlier does not enter the history
             past.append(ratio)
             expected = p.lr * p.grad_norm / p.param_norm
-            if ratio < self.min_ratio and expected >= 100 * self.min_ratio:
+            if 0 < ratio < self.min_ratio and expected >= 100 * self.min_ratio:
                 low.append((p.name, ratio, expected))
         findings = []
         if high:
@@ -361,20 +365,25 @@ class UpdateRatio(Detector):
 
 
 class DeadActivations(Detector):
-    """A module whose outputs are (almost) all zero, confirmed on ``confirm`` (2) samples in a row.
+    """A module whose outputs are (almost) all zero in a training forward.
 
-    Per module output in a training forward: ``dead_frac``, the share of units zero for every
-    sample of the batch, at least ``dead_share`` (0.7: DeepDiagnosis calls a node dead at >= 70 %
-    outputs <= 0; SageMaker's dead-ReLU rule flags a layer when units are never active), or
-    ``zero_frac`` at least ``all_zero`` (0.99, SageMaker's all-zero tensor). Modules whose zeros
-    are by design (dropout, identity) are not sampled at all.
+    Per module output: ``dead_frac``, the share of units zero for every sample of the batch, at
+    least ``dead_share`` (0.7: DeepDiagnosis calls a node dead at >= 70 % outputs <= 0;
+    SageMaker's dead-ReLU rule flags a layer whose units are never active), judged when each unit
+    produced at least ``min_rows`` (8) values (with a batch of 1, half of a healthy ReLU layer is
+    "dead"); or ``zero_frac`` at least ``all_zero`` (0.99, SageMaker's all-zero tensor), whatever
+    the batch. One sample suffices (``confirm`` 1): a healthy layer does not come near either
+    threshold even once, and the next sample is ``StatsConfig.every`` steps away. Modules whose
+    zeros are by design (dropout, identity) are not sampled at all.
     """
 
     quiet_to_close = 3
 
-    def __init__(self, dead_share: float = 0.7, all_zero: float = 0.99, confirm: int = 2) -> None:
+    def __init__(self, dead_share: float = 0.7, all_zero: float = 0.99, min_rows: int = 8,
+                 confirm: int = 1) -> None:
         self.dead_share = dead_share
         self.all_zero = all_zero
+        self.min_rows = min_rows
         self.confirm = confirm
         self._streaks: dict[str, Streak] = {}
 
@@ -384,7 +393,8 @@ class DeadActivations(Detector):
         dead = []
         for module in sample.modules:
             stats = module.values
-            is_dead = stats["dead_frac"] >= self.dead_share or stats["zero_frac"] >= self.all_zero
+            is_dead = ((stats["dead_frac"] >= self.dead_share and module.rows >= self.min_rows)
+                       or stats["zero_frac"] >= self.all_zero)
             streak = self._streaks.setdefault(module.name, Streak())
             if streak.update(is_dead) >= self.confirm:
                 dead.append(module)
@@ -399,7 +409,7 @@ class DeadActivations(Detector):
                 f"whole batch, {zeros:.0%} of all outputs ({where(step, self.rank)})"
                 + (f"; also {name_list([m.name for m in dead if m is not worst])}" if len(dead) > 1 else ""),
                 {
-                    "modules": {m.name: {"type": m.type, **m.values} for m in dead[:32]},
+                    "modules": {m.name: {"type": m.type, "rows": m.rows, **m.values} for m in dead[:32]},
                     "dead_share": self.dead_share,
                     "loss": metrics.get("loss"),
                     "lr": metrics.get("lr"),

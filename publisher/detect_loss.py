@@ -6,7 +6,9 @@ Defaults cite ``shared/notes/prior-art.md``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import statistics
 from collections import deque
 from collections.abc import Sequence
 
@@ -25,6 +27,8 @@ class NonFiniteLoss(Detector):
     hold non-finite gradients or values. Non-finite gradients caused by this loss are reported
     here, not as a separate ``nonfinite_grad`` event.
     """
+
+    reads_partial_samples = True
 
     def __init__(self) -> None:
         self._last_finite: tuple[int, float] | None = None
@@ -249,15 +253,19 @@ class LossPlateau(Detector):
     """The loss is not decreasing: the run has not learned anything since it settled.
 
     SageMaker's LossNotDecreasing rule (less than 0.1 % over 10 steps) fires on every converged
-    or noisy run. The question asked here is narrower, so the answer can be trusted: skip the
-    first ``settle`` (10) steps, whose drop from a random initialisation to the label prior is
-    not learning (cross-entropy falls to log(num_classes) even with labels shuffled apart from
-    the inputs); the mean of the next ``window`` (30) losses is the reference; when ``patience``
-    (60) more steps later the mean of the last ``window`` losses is still not ``min_progress``
-    (2 %) below the reference, the model is learning nothing: warning (DeepDiagnosis and
-    AutoTrainer name this "loss not decreasing" / "slow convergence"). Once the loss has dropped
-    by ``min_progress`` the run is learning and the detector stops: a later plateau is
-    convergence, not a fault. Means over 30 steps keep small noisy batches quiet.
+    or noisy run. The question asked here is narrower, so the answer can be trusted:
+
+    - the first ``settle`` (10) steps do not count: the drop from a random initialisation to the
+      label prior is not learning (cross-entropy falls to about log(num_classes) even when the
+      labels are shuffled apart from the inputs);
+    - the mean of the next ``window`` (30) losses is the reference; once the mean of the last
+      ``window`` losses is ``min_progress`` (2 %) below it, the run is learning and the detector
+      stops for good: a later plateau is convergence, not a fault;
+    - otherwise, ``patience`` (60) steps after the reference, and every 10 steps from then on,
+      a least-squares line through the last ``window + patience`` losses must not slope down
+      significantly (t-statistic below ``-t``, 3): a run that learns slowly but surely is not
+      reported (DeepDiagnosis and AutoTrainer call this case "slow convergence"), a flat one is,
+      as a warning. Means and a trend test over 90 steps keep small noisy batches quiet.
 
     Steps with a learning rate of 0 or one still rising (warm-up, from 0 or not) do not count, so
     a long warm-up is never mistaken for a plateau. The message says when the loss sits at
@@ -266,18 +274,19 @@ class LossPlateau(Detector):
 
     quiet_to_close = 50
 
-    def __init__(self, settle: int = 10, window: int = 30, patience: int = 60, min_progress: float = 0.02):
+    def __init__(self, settle: int = 10, window: int = 30, patience: int = 60, min_progress: float = 0.02,
+                 t: float = 3.0) -> None:
         if settle < 0 or window < 2 or patience < 1 or not 0 < min_progress < 1:
             raise ValueError("LossPlateau: settle >= 0, window >= 2, patience >= 1, 0 < min_progress < 1")
         self.settle = settle
         self.window = window
         self.patience = patience
         self.min_progress = min_progress
+        self.t = t
         self._counted = 0
         self._lr: float | None = None
         self._reference: float | None = None
-        self._recent: deque[float] = deque(maxlen=window)
-        self._recent_sum = 0.0
+        self._losses: deque[float] = deque(maxlen=window + patience)
         self._learning = False
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
@@ -291,38 +300,40 @@ class LossPlateau(Detector):
         self._counted += 1
         if self._counted <= self.settle:
             return ()
-        recent = self._recent
-        if len(recent) == recent.maxlen:
-            self._recent_sum -= recent[0]
-        recent.append(loss)
-        self._recent_sum += loss
-        if len(recent) < recent.maxlen:
+        losses = self._losses
+        losses.append(loss)
+        seen = self._counted - self.settle
+        if seen < self.window or (seen > self.window and seen % 10):
             return ()
-        mean = self._recent_sum / len(recent)
+        recent = statistics.fmean(itertools.islice(losses, len(losses) - self.window, None))
         reference = self._reference
         if reference is None:
-            self._reference = mean
+            self._reference = recent
             return ()
-        if mean <= reference - self.min_progress * abs(reference):
+        if recent <= reference - self.min_progress * abs(reference):
             self._learning = True
             return ()
-        waited = self._counted - self.settle - self.window
-        if waited < self.patience or abs(reference) < 1e-12:
+        if seen < self.window + self.patience or abs(reference) < 1e-12:
             return ()
-        first = step - waited - self.window + 1
-        classes = chance_classes(mean)
+        slope, t = _trend(losses)
+        if t < -self.t:
+            return ()  # slow, but still going down
+        classes = chance_classes(recent)
         chance = f"; it equals log({classes}): chance level for {classes} classes" if classes else ""
         return (
             Finding(
                 "loss_plateau",
-                f"loss has not decreased since it settled: mean {fmt(mean)} over the last {self.window} "
-                f"steps vs {fmt(reference)} around step {first} ({where(step, self.rank)}){chance}",
+                f"loss is not decreasing: mean {fmt(recent)} over the last {self.window} steps vs "
+                f"{fmt(reference)} {seen - self.window} steps earlier, no downward trend "
+                f"({where(step, self.rank)}){chance}",
                 {
-                    "mean_loss": mean,
+                    "mean_loss": recent,
                     "reference_loss": reference,
-                    "change": (mean - reference) / abs(reference),
+                    "change": (recent - reference) / abs(reference),
                     "min_progress": self.min_progress,
-                    "steps_without_progress": waited,
+                    "slope_per_step": slope,
+                    "slope_t": t,
+                    "steps_without_progress": seen - self.window,
                     "window": self.window,
                     "chance_level_classes": classes,
                     "lr": lr,
@@ -337,3 +348,17 @@ class LossPlateau(Detector):
                 },
             ),
         )
+
+
+def _trend(values: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope of ``values`` against their index, and its t-statistic."""
+    n = len(values)
+    x_mean = (n - 1) / 2
+    y_mean = statistics.fmean(values)
+    sxx = n * (n * n - 1) / 12
+    slope = math.fsum((i - x_mean) * (y - y_mean) for i, y in enumerate(values)) / sxx
+    residual = math.fsum((y - y_mean - slope * (i - x_mean)) ** 2 for i, y in enumerate(values))
+    spread = math.sqrt(residual / (n - 2) / sxx) if n > 2 else 0.0
+    if spread == 0:
+        return slope, -math.inf if slope < 0 else (math.inf if slope > 0 else 0.0)
+    return slope, slope / spread

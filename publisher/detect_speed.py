@@ -167,15 +167,16 @@ class StepTimeOutlier(Detector):
 
 
 class DataBottleneck(Detector):
-    """Waiting for the next batch takes at least ``share`` (50 %) of the step time over ``window``
-    (20) steps.
+    """Waiting for the next batch takes at least ``share`` (50 %) of the step, in most steps of a
+    ``window`` (20).
 
     ``data_time`` (time blocked in the DataLoader, from ``Monitor.track_data`` or the zero-code
-    hook) over ``step_time`` (wall time from one step to the next, which includes that wait),
-    summed over the window so that one slow batch does not decide. At half the step the
-    accelerator idles at least half the time: SageMaker's CPU-bottleneck rule looks for the same
-    starvation from the GPU side (GPU < 10 % busy while the CPU is > 90 %). The first ``warmup``
-    (5) steps, while DataLoader workers start, do not count.
+    hook) over ``step_time`` (wall time from one step to the next, which includes that wait);
+    the median over the window, so that one slow batch (a worker restarting, a file opened)
+    does not decide. At half the step the accelerator idles at least half the time: SageMaker's
+    CPU-bottleneck rule looks for the same starvation from the GPU side (GPU < 10 % busy while
+    the CPU is > 90 %). The first ``warmup`` (5) steps, while DataLoader workers start, do not
+    count.
     """
 
     quiet_to_close = 20
@@ -194,24 +195,24 @@ class DataBottleneck(Detector):
         self._seen += 1
         if self._seen <= self.warmup:
             return ()
-        self._pairs.append((data_time, step_time))
-        if len(self._pairs) < self.window:
-            return ()
-        waited = math.fsum(d for d, _ in self._pairs)
-        total = math.fsum(s for _, s in self._pairs)
-        share = waited / total
+        pairs = self._pairs
+        pairs.append((data_time, step_time))
+        if len(pairs) < self.window or data_time < self.share * step_time:
+            return ()  # the median cannot be over the line if this step is not
+        share = statistics.median(d / s for d, s in pairs)
         if share < self.share:
             return ()
+        waited = statistics.fmean(d for d, _ in pairs)
+        total = statistics.fmean(s for _, s in pairs)
         return (
             Finding(
                 "data_bottleneck",
-                f"waiting for data took {share:.0%} of the last {self.window} steps "
-                f"({fmt(waited / self.window * 1000)} ms of {fmt(total / self.window * 1000)} ms per step, "
-                f"{where(step, self.rank)})",
+                f"waiting for data takes {share:.0%} of a typical step over the last {self.window} steps "
+                f"({fmt(waited * 1000)} ms of {fmt(total * 1000)} ms on average, {where(step, self.rank)})",
                 {
                     "data_share": share,
-                    "data_time_mean": waited / self.window,
-                    "step_time_mean": total / self.window,
+                    "data_time_mean": waited,
+                    "step_time_mean": total,
                     "window": self.window,
                     "step": step,
                     "rank": self.rank,

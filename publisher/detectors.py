@@ -277,7 +277,7 @@ class DetectorSet:
         for detector, on_step, on_layers in self._step_detectors:
             try:
                 findings = detector.observe_step(step, metrics) if on_step else ()
-                if on_layers and layers is not None:
+                if on_layers and layers is not None and (layers.complete or detector.reads_partial_samples):
                     findings = _merge(findings, detector.observe_layers(step, layers, metrics))
                 elif not on_step:
                     continue  # a layer detector ages its episodes on samples only

@@ -52,6 +52,9 @@ class Detector:
 
     #: Observations without a finding after which an open episode of this detector ends.
     quiet_to_close: int = 20
+    #: Whether ``observe_layers`` also wants the gradients-only samples of steps whose gradient
+    #: norm was not finite (other detectors neither see them nor age their episodes on them).
+    reads_partial_samples: bool = False
     rank: int = 0
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:

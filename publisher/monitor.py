@@ -7,10 +7,14 @@
         optimizer.zero_grad()
     mon.close()                               # or: with Monitor(...) as mon: ...
 
-The training thread only reads a few numbers and enqueues one dict per step; encoding, sending
-and recording happen on the publisher's thread, GPU polling on the sampler's thread. Telemetry
-must never cost a run: after construction, nothing here raises because of monitoring (errors are
-counted in :attr:`Monitor.telemetry_errors` and logged once).
+The training thread only queues a few device operations and one dict per step; encoding, sending
+and recording happen on the publisher's thread, the detectors on theirs, GPU polling on the
+sampler's thread. On CUDA the step's numbers reach the host through one asynchronous copy
+(:mod:`publisher.fetch`): no host-device synchronisation per step. Every few steps a per-layer
+sample (:mod:`publisher.tensorstats`) rides along; the training invariants
+(:mod:`publisher.invariants`) watch the optimizers through their hooks. Telemetry must never cost
+a run: after construction, nothing here raises because of monitoring (errors are counted in
+:attr:`Monitor.telemetry_errors` and logged once).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,17 +35,20 @@ import torch
 from publisher import sysinfo
 from publisher.detectors import Detector, DetectorSet, default_detectors
 from publisher.event_kinds import EVENT_KINDS
+from publisher.fetch import DeviceFetch
 from publisher.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
+from publisher.invariant_link import InvariantLink
+from publisher.invariants import InvariantConfig
 from publisher.jsonsafe import json_safe
+from publisher.memory import DEFAULT_INTERVAL_S, MemoryReader
 from publisher.protocol import RUN_END_STATUSES, SEVERITIES, wire_numbers
+from publisher.tensorstats import GradNormer, GradNorms, LayerSample, LayerSampler, SampleLayout, StatsConfig
 from publisher.transport import Publisher, end_status
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Host RSS is a syscall: read it at most this often, not every step.
-HOST_MEM_INTERVAL_S = 0.5
 #: Share of the step time the gradient norm may cost on average. Computing it reads every
 #: gradient once: negligible on a GPU, but on a CPU a 2M-parameter model pays ~1 ms, 5 % of a
 #: 20 ms step; it is then computed every few steps to stay within this budget.
@@ -97,19 +105,25 @@ def _describe_model(model: torch.nn.Module | None) -> dict[str, Any] | None:
 
 
 class Monitor:
-    """Collects a run's metrics, GPU readings and anomaly events and publishes them for tuimon.
+    """Collects a run's metrics, GPU readings, anomaly events and invariants and publishes them for tuimon.
 
     Construction sends ``run_start`` (config, seed, command, versions, reproduction record) and
     starts GPU sampling; it raises on bad arguments (an unusable ``endpoint``, ``gpu="nvml"``
-    without a driver) because that is the moment a user can fix them.
+    without a driver, an invalid configuration) because that is the moment a user can fix them.
 
     ``gpu``: ``"auto"`` (NVML when there is a driver, else off, said once), ``"nvml"``,
     ``"simulated"`` (a demo source, marked simulated everywhere) or ``"none"``. GPUs are the
     node's, so only local rank 0 (``$LOCAL_RANK``, default 0) samples them.
     ``detectors``: True for :func:`~publisher.detectors.default_detectors`, False for none, or
-    your own list of :class:`~publisher.detectors.Detector`.
+    your own list of :class:`~publisher.findings.Detector`.
     ``grad_norm_budget``: the share of step time the gradient norm may cost on average (default
     1 %; 1.0 computes it on every step whatever it costs).
+    ``stats``: per-layer samples (gradient and weight norms, update ratios, module output
+    statistics): True for the defaults of :class:`~publisher.tensorstats.StatsConfig`, a
+    ``StatsConfig``, or False.
+    ``invariants``: the training invariants (:mod:`publisher.invariants`): True for the defaults,
+    an :class:`~publisher.invariants.InvariantConfig`, or False. They need the optimizer(s).
+    ``memory_interval_s``: how often host and CUDA memory are read (0: every step).
     """
 
     def __init__(
@@ -128,7 +142,13 @@ class Monitor:
         gpu_interval: float = 1.0,
         detectors: bool | Iterable[Detector] = True,
         grad_norm_budget: float = GRAD_NORM_BUDGET,
+        stats: bool | StatsConfig = True,
+        invariants: bool | InvariantConfig = True,
+        memory_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
+        stats_config = StatsConfig() if stats is True else stats or None
+        invariant_config = InvariantConfig() if invariants is True else invariants or None
+        self._memory = MemoryReader(memory_interval_s, self._param_device)  # validates before binding
         self.run = run or _default_run_name()
         self.rank = default_rank() if rank is None else rank
         self.world_size = _default_world_size() if world_size is None else world_size
@@ -140,15 +160,15 @@ class Monitor:
         self._model = model
         self._params = self._trained_params()
         self._n_groups = sum(len(opt.param_groups) for opt in self._optimizers)
-        self._mixed_devices = False
+        self._grad_normer = GradNormer()
         self._grad_norm_budget = grad_norm_budget
         self._grad_norm_cold = True  # the first computation pays one-off set-up: not a measure
         self._grad_norm_cost: float | None = None  # seconds, moving average of computing it
         self._grad_norm_wait = 0  # steps to skip before the next computation
+        self._fetch = DeviceFetch()
         self._step = 0
         self._last_step_at: float | None = None
         self._last_step_time = 0.0
-        self._mem_at = -math.inf
         self._pending_data_time: float | None = None
 
         local_rank = _env_int("LOCAL_RANK") or 0
@@ -164,6 +184,12 @@ class Monitor:
 
         if seed is None:
             seed = sysinfo.torch_seed()
+        repro = sysinfo.reproduction_record(config, seed)
+        #: What every event carries so that its step can be reproduced (docs/protocol.md).
+        self._replay = json_safe({
+            "run": self.run, "rank": self.rank, "seed": seed, "torch_seed": repro["torch_seed"],
+            "config_hash": repro["config_hash"], "git": repro["git"], "argv": repro["argv"],
+        })
         self._publish(
             "run_start",
             None,
@@ -175,9 +201,18 @@ class Monitor:
             world_size=self.world_size,
             versions=sysinfo.versions(),
             gpu_source=self.gpu_source.kind if self.gpu_source else "none",
-            repro=sysinfo.reproduction_record(config, seed),
+            repro=repro,
             model=_describe_model(model),
         )
+        self._layers: LayerSampler | None = None
+        if stats_config is not None and (model is not None or self._optimizers):
+            self._layers = LayerSampler(stats_config, model, self._optimizers, self._current_params)
+        self._invariants: InvariantLink | None = None
+        if invariant_config is not None and (model is not None or self._optimizers):
+            self._invariants = InvariantLink(
+                self._optimizers, model, publish=self._publish, tracker=self._detectors.tracker,
+                rank=self.rank, config=invariant_config, steps_done=self._step,
+            )
         self._sampler: GpuSampler | None = None
         self._gpu_simulated = self.gpu_source is not None and self.gpu_source.simulated
         if self.gpu_source is not None:
@@ -206,13 +241,16 @@ class Monitor:
         computing it would cost more than ``grad_norm_budget`` of the step, as for big models on
         a CPU, it is computed every few steps only),
         ``step_time`` and throughput since the previous call, ``data_time`` (given, or measured
-        by :meth:`track_data`), ``host_mem_bytes`` (every 0.5 s) and any numeric ``extra`` (an
-        extra with a standard name, such as ``grad_norm=`` or ``lr=``, replaces the computed one).
+        by :meth:`track_data`), memory (``host_mem_bytes``, ``cuda_mem_*``, every
+        ``memory_interval_s``), on sampled steps ``param_norm``, ``update_ratio`` and the
+        per-layer ``layers`` payload, and any numeric ``extra`` (an extra with a standard name,
+        such as ``grad_norm=`` or ``lr=``, replaces the computed one).
         ``step`` defaults to the previous step + 1 (the first call is step 1).
 
-        Host-device syncs on CUDA: reading the loss and the grad norm costs one sync per step (they
-        are read together); extra metrics given as CUDA tensors cost one each. Pass Python floats
-        you already have to avoid them. Nothing here raises because of telemetry.
+        Host-device syncs on CUDA: none. The loss, the gradient norms, tensor extras and sampled
+        statistics are copied to the host together, asynchronously; the step's ``metrics``
+        message is published once they have arrived, usually during one of the next calls (at
+        the latest at :meth:`close`). Nothing here raises because of telemetry.
         """
         try:
             self._record_step(loss, tokens, samples, data_time, step, extra)
@@ -231,25 +269,30 @@ class Monitor:
         now = time.perf_counter()
         step = self._step + 1 if step is None else int(step)
         self._step = step
+        layers = self._layers
+        sampling = layers is not None and layers.sampling
         metrics: dict[str, float] = {}
-        grad_norm = None if "grad_norm" in extra or not self._params else self._budgeted_grad_norm()
+        tensors: list[torch.Tensor] = []  # device numbers, fetched together
+        tensor_names: list[str] = []  # names of the scalar ones, which come first
         if isinstance(loss, torch.Tensor):
-            if grad_norm is not None and loss.device.type != "cpu" and grad_norm.device == loss.device:
-                # One device-to-host copy (one sync) for both numbers instead of two.
-                pair = torch.stack([loss.detach().reshape(()).float(), grad_norm.float()])
-                loss, grad_norm = pair.tolist()
-            else:
-                loss = loss.item()
-        if loss is not None:
-            metrics["loss"] = loss = float(loss)
+            if loss.numel() != 1:
+                raise ValueError(f"the loss must be one number, got a tensor of shape {tuple(loss.shape)}")
+            tensors.append(loss.detach())
+            tensor_names.append("loss")
+        elif loss is not None:
+            metrics["loss"] = float(loss)
+        grads = None
+        if "grad_norm" not in extra and self._params:
+            grads = self._grad_normer(self._current_params()) if sampling else self._budgeted_grad_norm()
+            if grads is not None:
+                tensors.append(grads.total)
+                tensor_names.append("grad_norm")
         optimizer = self._optimizer
         if optimizer is not None:
             groups = optimizer.param_groups
             metrics["lr"] = float(groups[0]["lr"])
             for i in range(1, len(groups)):
                 metrics[f"lr/{i}"] = float(groups[i]["lr"])
-        if grad_norm is not None:
-            metrics["grad_norm"] = float(grad_norm)
         previous = self._last_step_at
         self._last_step_at = now
         if previous is not None:
@@ -265,40 +308,86 @@ class Monitor:
             data_time, self._pending_data_time = self._pending_data_time, None
         if data_time is not None:
             metrics["data_time"] = float(data_time)
-        if now - self._mem_at >= HOST_MEM_INTERVAL_S:
-            self._mem_at = now
-            metrics["host_mem_bytes"] = sysinfo.host_rss_bytes()
-        finite = all(math.isfinite(metrics[name]) for name in ("loss", "grad_norm") if name in metrics)
+        if self._memory.due(now):
+            metrics.update(self._memory.read(now))
         for name, value in extra.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                tensors.append(value.detach())
+                tensor_names.append(name)
+                continue
             try:
-                metrics[name] = value = value.item() if isinstance(value, torch.Tensor) else float(value)
+                metrics[name] = float(value)
             except (TypeError, ValueError, RuntimeError) as exc:
                 self._telemetry_failed(f"metric {name!r}", exc)
-            else:
-                finite = finite and math.isfinite(value)
-        # Published as it is when every number is finite (the usual case): the wire form costs a copy.
-        self.publisher.publish("metrics", step=step, metrics=metrics if finite else wire_numbers(metrics))
-        self._detectors.submit_step(step, metrics)
+        layout = None
+        if grads is not None:
+            tensors.append(grads.norms)
+        if sampling:
+            assert layers is not None
+            parts, layout = layers.collect(grads)
+            tensors += parts
+        arrived = partial(self._arrived, step, metrics, tensor_names, grads, layout)
+        if tensors:
+            self._fetch.submit(tensors, arrived)
+        else:
+            arrived([])
+        if layers is not None:
+            layers.advance(self._last_step_time)
+        if self._invariants is not None:
+            self._invariants.sync(step)
 
-    def _budgeted_grad_norm(self) -> torch.Tensor | None:
-        """The gradient norm on as many steps as the budget allows, None on the others.
+    def _arrived(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        tensor_names: list[str],
+        grads: GradNorms | None,
+        layout: SampleLayout | None,
+        values: list[torch.Tensor],
+    ) -> None:
+        """The step's device numbers are on the host: publish its metrics, hand them to the detectors."""
+        try:
+            for name, value in zip(tensor_names, values, strict=False):
+                metrics[name] = float(value)
+            rest = values[len(tensor_names):]
+            grad_norms = rest.pop(0) if grads is not None else None
+            sample: LayerSample | None = None
+            if layout is not None:
+                sample = layout.decode(grad_norms, rest)
+            elif grads is not None and self._layers is not None and not math.isfinite(metrics["grad_norm"]):
+                # Not a sampled step, but the gradients went bad: say which ones.
+                sample = self._layers.gradient_layout(grads).decode(grad_norms, [])
+            body: dict[str, Any] = {}
+            if sample is not None:
+                metrics.update(sample.totals())
+                body["layers"] = sample.payload(self._layers.config.max_published if self._layers else 0)
+            finite = all(math.isfinite(value) for value in metrics.values())
+            # Published as it is when every number is finite (the usual case): the wire form costs a copy.
+            self.publisher.publish("metrics", step=step, metrics=metrics if finite else wire_numbers(metrics),
+                                   **body)
+            self._detectors.submit_step(step, metrics, sample)
+        except Exception as exc:
+            self._telemetry_failed(f"metrics of step {step}", exc)
 
-        Its cost on this thread is measured each time it is computed; when the moving average
+    def _budgeted_grad_norm(self) -> GradNorms | None:
+        """The gradient norms on as many steps as the budget allows, None on the others.
+
+        Their cost on this thread is measured each time they are computed; when the moving average
         exceeds ``grad_norm_budget`` of the step time, the next ``cost / (budget * step_time) - 1``
-        steps go without it. On a GPU the kernels are only queued here, so the cost is a few
+        steps go without. On a GPU the kernels are only queued here, so the cost is a few
         microseconds and the norm is normally there on every step.
         """
         if self._grad_norm_wait > 0:
             self._grad_norm_wait -= 1
             return None
         started = time.perf_counter()
-        norm = self._grad_norm()
+        norms = self._grad_normer(self._current_params())
         cost = time.perf_counter() - started
         if self._grad_norm_budget >= 1.0:
-            return norm
+            return norms
         if self._grad_norm_cold:
             self._grad_norm_cold = False
-            return norm
+            return norms
         average = self._grad_norm_cost
         self._grad_norm_cost = average = (
             cost if average is None else average + _COST_SMOOTHING * (cost - average)
@@ -306,27 +395,18 @@ class Monitor:
         allowed = self._grad_norm_budget * self._last_step_time
         if allowed > 0 and average > allowed:
             self._grad_norm_wait = math.ceil(average / allowed) - 1
-        return norm
+        return norms
 
-    def _grad_norm(self) -> torch.Tensor | None:
-        """Global L2 norm of the current gradients as a 0-d tensor on their device (no sync).
-
-        One fused ``_foreach_norm`` plus one ``vector_norm``; models spread over several devices
-        take ``get_total_norm``'s slower per-device path (detected once).
-        """
+    def _current_params(self) -> list[torch.Tensor]:
+        """The trained parameters, re-read when ``add_param_group()`` changed an optimizer."""
         n_groups = sum(len(optimizer.param_groups) for optimizer in self._optimizers)
         if n_groups != self._n_groups:
-            self._n_groups = n_groups  # add_param_group() since last step
+            self._n_groups = n_groups
             self._params = self._trained_params()
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if not grads:
-            return None
-        if not self._mixed_devices:
-            try:
-                return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)), dtype=torch.float32)
-            except RuntimeError:
-                self._mixed_devices = True
-        return torch.nn.utils.get_total_norm(grads)
+        return self._params
+
+    def _param_device(self) -> torch.device | None:
+        return self._params[0].device if self._params else None
 
     def _trained_params(self) -> list[torch.Tensor]:
         if self._optimizers:
@@ -337,7 +417,8 @@ class Monitor:
         return []
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Watch one more optimizer (a GAN's second one): its parameters join the gradient norm.
+        """Watch one more optimizer (a GAN's second one): its parameters join the gradient norm,
+        the per-layer samples and the invariants.
 
         The first optimizer stays the primary one, whose learning rate is reported as ``lr``.
         """
@@ -348,6 +429,13 @@ class Monitor:
             self._optimizer = optimizer
         self._params = self._trained_params()
         self._n_groups = sum(len(opt.param_groups) for opt in self._optimizers)
+        try:
+            if self._layers is not None:
+                self._layers.add_optimizer(optimizer)
+            if self._invariants is not None:
+                self._invariants.add_optimizer(optimizer)
+        except Exception as exc:
+            self._telemetry_failed("add_optimizer()", exc)
 
     def track_data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Iterate ``iterable``, timing each fetch; the next :meth:`step` reports it as ``data_time``."""
@@ -400,6 +488,8 @@ class Monitor:
             return None
 
     def _emit_event(self, step: int | None, body: dict[str, Any]) -> None:
+        """Every event carries the step, rank and what is needed to reproduce the run up to it."""
+        body["details"] = {**body["details"], "replay": {**self._replay, "step": step}}
         self._publish("event", step, **body)
 
     def _on_gpu_sample(self, devices: list[dict[str, Any]]) -> None:
@@ -445,7 +535,8 @@ class Monitor:
             )
 
     def close(self, status: str = "completed", error: str | None = None) -> None:
-        """Stop GPU sampling, send held-back event updates, then ``run_end``; idempotent.
+        """Publish what is still on its way, settle the invariants, stop GPU sampling, send held-back
+        event updates, then ``run_end``; idempotent.
 
         Raises only for a ``status`` that is not one of the protocol's (a bug in the caller).
         """
@@ -456,6 +547,9 @@ class Monitor:
         self._closed = True
         atexit.unregister(self._close_at_exit)
         steps = (
+            partial(self._fetch.drain, wait=True),  # the last steps' metrics, still on the device
+            (self._invariants.close if self._invariants else None),  # settles verdicts in flight
+            (self._layers.close if self._layers else None),
             (self._sampler.stop if self._sampler else None),
             (self.gpu_source.close if self.gpu_source else None),
             self._detectors.close,

@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -43,9 +43,12 @@ from publisher.invariants.discovery import RootDiscovery
 from publisher.protocol import wire_number
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The statistics of a module's output, in the order :func:`activation_stats` computes them.
 ACTIVATION_FIELDS = ("min", "max", "mean", "std", "nan", "inf", "zero_frac", "dead_frac")
+#: The per-parameter numbers of a sample.
+PARAM_FIELDS = ("grad_norm", "param_norm", "update_ratio")
 #: Module types whose outputs say nothing about the model's health (zeros by design, pass-through).
 _SKIPPED_MODULES = (nn.modules.dropout._DropoutNd, nn.Identity)
 
@@ -111,6 +114,7 @@ class ModuleStat:
     name: str
     type: str
     values: dict[str, float]  # ACTIVATION_FIELDS -> value
+    rows: int  # values per unit behind ``dead_frac`` (batch x positions)
 
 
 @dataclass(frozen=True)
@@ -146,21 +150,40 @@ class LayerSample:
         return totals
 
     def payload(self, limit: int) -> dict[str, Any]:
-        """The wire form (the ``layers`` field of a ``metrics`` message, docs/protocol.md)."""
-        params = [
-            {"name": p.name, "shape": list(p.shape), "grad_norm": wire_number(p.grad_norm),
-             "param_norm": wire_number(p.param_norm), "update_ratio": wire_number(p.update_ratio)}
-            for p in self.params[:limit]
-        ]
-        modules = [
-            {"name": m.name, "type": m.type, **{k: wire_number(v) for k, v in m.values.items()}}
-            for m in self.modules[:limit]
-        ]
-        body: dict[str, Any] = {"params": params, "modules": modules, "complete": self.complete}
-        dropped = max(0, len(self.params) - limit) + max(0, len(self.modules) - limit)
+        """The wire form: the ``layers`` field of a ``metrics`` message (docs/protocol.md).
+
+        Columns rather than one object per layer (the names once, then one list per statistic):
+        a third of the bytes, and a sample of a big model stays a few kilobytes. At most ``limit``
+        parameters and ``limit`` modules, spread evenly over the model (first and last kept).
+        """
+        params, modules = spread(self.params, limit), spread(self.modules, limit)
+        body: dict[str, Any] = {
+            "complete": self.complete,
+            "params": {
+                "name": [p.name for p in params],
+                "shape": [list(p.shape) for p in params],
+                **{field: [wire_number(getattr(p, field)) for p in params] for field in PARAM_FIELDS},
+            },
+            "modules": {
+                "name": [m.name for m in modules],
+                "type": [m.type for m in modules],
+                "rows": [m.rows for m in modules],
+                **{field: [wire_number(m.values[field]) for m in modules] for field in ACTIVATION_FIELDS},
+            },
+        }
+        dropped = len(self.params) - len(params) + len(self.modules) - len(modules)
         if dropped:
             body["truncated"] = dropped
         return body
+
+
+def spread(items: Sequence[T], limit: int) -> list[T]:
+    """At most ``limit`` of ``items``, evenly spaced, the first and the last always among them."""
+    if len(items) <= limit:
+        return list(items)
+    if limit == 1:
+        return [items[0]]
+    return [items[round(i * (len(items) - 1) / (limit - 1))] for i in range(limit)]
 
 
 # --------------------------------------------------------------------------- device-side measures
@@ -221,9 +244,10 @@ class GradNormer:
 def activation_stats(output: torch.Tensor) -> torch.Tensor:
     """The :data:`ACTIVATION_FIELDS` of one tensor as a float32 vector on its device.
 
-    ``dead_frac`` is the share of units whose output is zero for every sample of the batch
-    (DeepDiagnosis: dead nodes; SageMaker: units never active): units are channels (dim 1) for
-    4-d and 5-d outputs (convolutions), the last dimension otherwise.
+    ``dead_frac`` is the share of units whose output is zero for every one of the values each
+    unit produced (samples of the batch, positions: :func:`rows_per_unit`): DeepDiagnosis's dead
+    nodes, SageMaker's units never active. Units are channels (dim 1) for 4-d and 5-d outputs
+    (convolutions), the last dimension otherwise.
     """
     x = output.detach()
     as_float = x.float()
@@ -231,7 +255,7 @@ def activation_stats(output: torch.Tensor) -> torch.Tensor:
     low, high = torch.aminmax(as_float)
     std, mean = torch.std_mean(as_float, correction=0)
     if x.ndim >= 2:
-        unit_dim = 1 if x.ndim >= 4 else x.ndim - 1
+        unit_dim = _unit_dim(x)
         batch_dims = tuple(d for d in range(x.ndim) if d != unit_dim)
         dead = (~zero).sum(dim=batch_dims).eq(0).float().mean()
     else:
@@ -240,6 +264,15 @@ def activation_stats(output: torch.Tensor) -> torch.Tensor:
         low, high, mean, std, torch.isnan(x).sum().float(), torch.isinf(x).sum().float(),
         zero.float().mean(), dead,
     ])
+
+
+def _unit_dim(x: torch.Tensor) -> int:
+    return 1 if x.ndim >= 4 else x.ndim - 1
+
+
+def rows_per_unit(x: torch.Tensor) -> int:
+    """How many values each unit produced (batch x positions): how much a dead unit says."""
+    return x.numel() // x.shape[_unit_dim(x)] if x.ndim >= 2 else 1
 
 
 def _first_float_tensor(value: Any) -> torch.Tensor | None:
@@ -268,23 +301,25 @@ class ActivationProbe:
         self.modules: list[tuple[str, nn.Module]] = []
         self._meter = meter
         self._handles: dict[str, Any] = {}
-        self._captured: dict[str, torch.Tensor] = {}
+        self._captured: dict[str, tuple[torch.Tensor, int]] = {}
 
     def arm(self) -> None:
         for name, module in self.modules:
             if name not in self._handles:
                 self._handles[name] = module.register_forward_hook(partial(self._on_forward, name))
 
-    def take(self) -> tuple[list[tuple[str, str]], torch.Tensor | None]:
-        """``[(name, type)]`` of the modules seen and their statistics stacked ``[n, 8]``; disarms."""
+    def take(self) -> tuple[list[tuple[str, str, int]], torch.Tensor | None]:
+        """``[(name, type, rows)]`` of the modules seen and their statistics stacked ``[n, 8]``;
+        disarms."""
         for handle in self._handles.values():
             handle.remove()
         self._handles.clear()
         captured, self._captured = self._captured, {}
-        seen = [(name, type(module).__name__) for name, module in self.modules if name in captured]
+        seen = [(name, type(module).__name__, captured[name][1]) for name, module in self.modules
+                if name in captured]
         if not seen:
             return [], None
-        return seen, torch.stack([captured[name] for name, _ in seen])
+        return seen, torch.stack([captured[name][0] for name, _, _ in seen])
 
     def _on_forward(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         if not module.training:
@@ -296,7 +331,7 @@ class ActivationProbe:
             with self._meter, torch.no_grad():
                 tensor = _first_float_tensor(output)
                 if tensor is not None:
-                    self._captured[name] = activation_stats(tensor)
+                    self._captured[name] = (activation_stats(tensor), rows_per_unit(tensor))
         except Exception:  # a statistic must never break the user's forward
             log.debug("tuimon: activation statistics of %s failed", name, exc_info=True)
 
@@ -392,10 +427,7 @@ def default_modules(roots: Iterable[tuple[str, nn.Module]], patterns: Sequence[s
                 continue  # a container, or a module whose zeros are by design
             seen.add(id(module))
             chosen.append((full, module))
-    if len(chosen) > limit:
-        chosen = [chosen[round(i * (len(chosen) - 1) / (limit - 1))] for i in range(limit)] if limit > 1 \
-            else chosen[:1]
-    return chosen
+    return spread(chosen, limit)
 
 
 class LayerSampler:
@@ -578,7 +610,7 @@ class SampleLayout:
     grad_indices: list[int] | None
     floating: list[int] = field(default_factory=list)
     updated: list[list[int]] = field(default_factory=list)
-    modules: list[tuple[str, str]] = field(default_factory=list)
+    modules: list[tuple[str, str, int]] = field(default_factory=list)
     complete: bool = True
 
     def decode(self, grad_norms: torch.Tensor | None, parts: Sequence[torch.Tensor]) -> LayerSample:
@@ -604,9 +636,9 @@ class SampleLayout:
         if self.modules:
             flat = next(rest).reshape(-1).tolist()
             width = len(ACTIVATION_FIELDS)
-            for k, (name, kind) in enumerate(self.modules):
+            for k, (name, kind, rows) in enumerate(self.modules):
                 values = dict(zip(ACTIVATION_FIELDS, flat[k * width:(k + 1) * width], strict=True))
-                modules.append(ModuleStat(name, kind, values))
+                modules.append(ModuleStat(name, kind, values, rows))
         params = tuple(ParamStat(self.names[i], self.shapes[i], self.lrs[i], grad[i], norm[i], ratio[i])
                        for i in range(n))
         return LayerSample(params, tuple(modules), self.complete)

@@ -171,6 +171,7 @@ class TuimonApp(App[None]):
 
     def on_unmount(self) -> None:
         self.source.stop()
+        self.kb_link.stop()
 
     # ----------------------------------------------------------------------------------- redraws
 

@@ -15,7 +15,7 @@ from typing import ClassVar, TypeVar
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList, Static, TextArea
@@ -46,13 +46,14 @@ DIALOG_KEYS = [
 
 
 class EntryDialog(ModalScreen[T]):
-    """A centred box with a title, fields, an error line and a hint; escape cancels."""
+    """A centred box: a title, the keys, an error line (all three at the top, so that they stay in
+    view when the fields scroll), then the fields; escape cancels."""
 
     DEFAULT_CSS = """
     EntryDialog {
         align: center middle;
     }
-    EntryDialog > Vertical {
+    EntryDialog > VerticalScroll {
         width: 96;
         height: auto;
         max-height: 90%;
@@ -63,7 +64,6 @@ class EntryDialog(ModalScreen[T]):
     EntryDialog .dialog-title {
         text-style: bold;
         color: $primary;
-        margin-bottom: 1;
     }
     EntryDialog Label {
         margin-top: 1;
@@ -74,7 +74,7 @@ class EntryDialog(ModalScreen[T]):
         max-height: 8;
     }
     EntryDialog TextArea {
-        height: 4;
+        height: 3;
     }
     EntryDialog .dialog-error {
         color: $error;
@@ -83,7 +83,6 @@ class EntryDialog(ModalScreen[T]):
     }
     EntryDialog .dialog-hint {
         color: $foreground 60%;
-        margin-top: 1;
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
@@ -94,11 +93,11 @@ class EntryDialog(ModalScreen[T]):
         self.dialog_title = title
 
     def compose(self) -> ComposeResult:
-        with Vertical():
+        with VerticalScroll(can_focus=False):  # the first field gets the focus
             yield Static(self.dialog_title, classes="dialog-title", markup=False)
-            yield from self.fields()
-            yield Static("", classes="dialog-error", markup=False)
             yield Static(self.HINT, classes="dialog-hint", markup=False)
+            yield Static("", classes="dialog-error", markup=False)
+            yield from self.fields()
 
     def fields(self) -> ComposeResult:
         yield from ()

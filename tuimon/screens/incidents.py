@@ -293,10 +293,12 @@ class IncidentScreen(Screen[None]):
         listing = self.query_one(IncidentList)
         keep, self._keep = self._keep, None
         if message.query:
+            listing.empty_text = "no matches"
             listing.show_hits(message.items, keep)
             noun = "hit" if message.total == 1 else "hits"
             listing.border_title = f"Search: {message.query} ({message.total} {noun})"
         else:
+            listing.empty_text = "no incident matches the filter" if self.where.active else "no incidents yet"
             listing.show_incidents(message.items, keep)
             shown = (
                 f"{len(message.items)} of {message.total}"
@@ -333,7 +335,7 @@ class IncidentScreen(Screen[None]):
         timeline = self.query_one("#kb-timeline", VerticalScroll)
         if detail is None:
             summary.update(Content.styled("no incident selected: n opens one", _DIM))
-            checklist.show([])
+            checklist.show([], empty="the runbook of the incident's kinds shows here, as a checklist")
             self.query_one("#kb-timeline-text", Static).update("")
             return
         summary.update(incident_summary(detail.incident, detail.records))

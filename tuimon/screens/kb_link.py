@@ -19,7 +19,6 @@ import os
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -90,7 +89,8 @@ class KbLink:
         self._reader: KnowledgeBase | None = None
         self._writer: KnowledgeBase | None = None
         self._ready = threading.Event()
-        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._stopping = threading.Event()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._subscribers: tuple[MessagePump, ...] = ()
         self._seen: dict[str, SeenBefore] = {}
         self._generation = 0
@@ -104,6 +104,12 @@ class KbLink:
         self._app = app
         app.run_worker(self._watch, name="kb-watch", group="kb-link", thread=True, exit_on_error=False)
         app.run_worker(self._write_loop, name="kb-writer", group="kb-link", thread=True, exit_on_error=False)
+
+    def stop(self) -> None:
+        """End the workers now (they would notice the app's end within :data:`POLL_S`); writes
+        still queued are made first."""
+        self._stopping.set()
+        self._jobs.put(None)
 
     def subscribe(self, node: MessagePump) -> None:
         """``node`` gets :class:`KnowledgeBaseChanged` whenever anyone commits (and once it opened)."""
@@ -206,7 +212,8 @@ class KbLink:
                     self._generation += 1
                     self._seen = {}
                     self._broadcast()
-                time.sleep(POLL_S)
+                if self._stopping.wait(POLL_S):
+                    break
         finally:
             self._reader = None
             reader.close()
@@ -215,18 +222,21 @@ class KbLink:
         """Run submitted writes one after the other; at the end, those still queued (nothing typed
         is lost)."""
         worker = get_current_worker()
-        while not worker.is_cancelled:
+        while not (worker.is_cancelled or self._stopping.is_set()):
             try:
                 job = self._jobs.get(timeout=POLL_S)
             except queue.Empty:
                 continue
-            self._run(job)
+            if job is not None:
+                self._run(job)
         while True:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            self._run(job)
+            if job is not None:
+                self._run(job)
+        self._ready.wait(OPEN_TIMEOUT_S)  # an app ended while opening: close what it opened
         if self._writer is not None:
             self._writer.close()
 

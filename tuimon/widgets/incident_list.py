@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from textual.content import Content
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -34,6 +35,8 @@ class IncidentList(OptionList):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._shown: tuple[object, ...] | None = None
+        #: Shown (dimmed) when there is nothing to list.
+        self.empty_text = "no incidents"
 
     @property
     def selected_number(self) -> int | None:
@@ -53,9 +56,10 @@ class IncidentList(OptionList):
         """Replace the options if they changed; highlight ``keep`` (else the same incident as
         before, else the first)."""
         wanted = keep if keep is not None else self.selected_number
-        if shown != self._shown:
+        if shown != self._shown or not shown:
             self._shown = shown
-            self.set_options(Option(row, id=str(number)) for row, number in zip(rows, numbers, strict=True))
+            options = [Option(row, id=str(number)) for row, number in zip(rows, numbers, strict=True)]
+            self.set_options(options or [Option(Content.styled(self.empty_text, "italic"), disabled=True)])
         if not numbers:
             return
         index = numbers.index(wanted) if wanted in numbers else 0

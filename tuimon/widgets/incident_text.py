@@ -34,6 +34,10 @@ OUTCOME_STYLE = {
 }
 #: How a matched word of a search snippet is shown.
 HIGHLIGHT_STYLE = "bold reverse $accent"
+#: Characters of a title shown in the incident list (the detail shows all of it).
+LIST_TITLE_CHARS = 54
+#: Characters of a git commit shown (enough to find it; the export keeps all of it).
+COMMIT_CHARS = 12
 _DIM = "$foreground 60%"
 _CODE = re.compile(r"`([^`]+)`")
 
@@ -87,7 +91,10 @@ def incident_row(incident: Incident) -> Content:
         ("  " + local_time(incident.updated_at), _DIM),
         (f"  {kinds}" if kinds else "", "$accent"),
     )
-    return Content("\n").join([first, Content("      " + incident.title)])
+    title = incident.title
+    if len(title) > LIST_TITLE_CHARS:
+        title = title[: LIST_TITLE_CHARS - 1] + "…"
+    return Content("\n").join([first, Content("      " + title)])
 
 
 def snippet_content(snippet: Snippet) -> Content:
@@ -161,7 +168,7 @@ def evidence_text(records: Iterable[ContextRecord]) -> str:
             parts.append(f"GPU state ({len(data.get('devices', []))} devices)")
         elif record.kind == "reproduction":
             known = [
-                f"{key} {data[key]}"
+                f"{key} {str(data[key])[:COMMIT_CHARS]}"
                 for key in ("seed", "git_commit", "config_hash")
                 if data.get(key) is not None
             ]

@@ -75,8 +75,11 @@ class RunbookChecklist(OptionList):
         self._layout: tuple[tuple[str, str], ...] = ()
         self._saving: dict[str, bool] = {}  # option id -> state asked for, not stored yet
 
-    def show(self, progress: Sequence[RunbookProgress]) -> None:
-        layout = tuple((p.runbook.name, s.step.id) for p in progress for s in p.steps)
+    def show(
+        self, progress: Sequence[RunbookProgress], *, empty: str = "no runbook matches its kinds"
+    ) -> None:
+        """The steps of ``progress`` (``empty``: what to say when there are none)."""
+        layout = tuple((p.runbook.name, s.step.id) for p in progress for s in p.steps) or (("", empty),)
         states = {
             f"step-{index}": (p.runbook.name, s)
             for index, (p, s) in enumerate((p, s) for p in progress for s in p.steps)
@@ -110,9 +113,7 @@ class RunbookChecklist(OptionList):
                 options.append(Option(step_prompt(state), id=f"step-{index}"))
                 index += 1
         if not progress:
-            options.append(
-                Option(Content.styled("no runbook matches this incident's kinds", _DIM), disabled=True)
-            )
+            options.append(Option(Content.styled(empty, "italic"), disabled=True))
         self.set_options(options)
         self.action_first()
 

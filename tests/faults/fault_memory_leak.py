@@ -1,0 +1,32 @@
+"""Fault: a memory leak from keeping graphs alive. From step 21 the loop keeps each step's loss
+*tensor* for logging (``history.append(loss)`` instead of ``loss.item()``): every loss holds its
+autograd graph and with it the step's saved activations, about 5 MiB a step here, until the process
+runs out of memory hours later. Expected: ``memory_growth`` (host memory, on a CPU).
+"""
+
+import torch
+from _harness import Case, Run, batches, main, mlp
+from torch import nn
+
+TRIGGER = 20
+
+
+def train(run: Run) -> None:
+    model = mlp((64, 1024, 1024, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.watch([optimizer], model, manual=True)
+    history = []
+    for step, (x, y) in batches(60, batch=512, dim=64):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward(retain_graph=step >= TRIGGER)
+        optimizer.step()
+        if step >= TRIGGER:
+            history.append(loss)  # the bug: keeps the graph (and its activations) alive
+        run.step(loss)
+
+
+CASE = Case("fault_memory_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=25)
+
+if __name__ == "__main__":
+    raise SystemExit(main(CASE))
