@@ -2,24 +2,32 @@
 
     python benchmarks/overhead.py [--quick] [--threads N]
 
-For two model sizes (a ~1 ms step and a >= 20 ms step, CPU, fixed thread count) and three
-publisher conditions, the same loop runs in alternating blocks without and with ``mon.step()``
-(ABBA order, so slow drift of a shared machine cancels out), and the table gives the median step
-time of each arm and the ratio: the median over rounds of the ratio of two adjacent blocks, which
-a machine whose load changes during the run disturbs far less than a ratio of overall medians.
+For two model sizes (a ~1 ms step and a >= 20 ms step, CPU, fixed thread count) and four
+conditions, two identical models train in alternating blocks, one plain and one watched by a
+Monitor (ABBA order, so slow drift of a shared machine cancels out; two models because a Monitor's
+optimizer hooks stay on its optimizer between blocks). The table gives the median step time of
+each arm and the ratio: the median over rounds of the ratio of two adjacent blocks, which a
+machine whose load changes during the run disturbs far less than a ratio of overall medians.
 Conditions:
 
-- ``no viewer``: nobody subscribes;
-- ``live viewer``: a real subscriber process reads and decodes every message;
-- ``frozen viewer``: a real subscriber process connects and is then stopped (SIGSTOP); its
-  queue is filled to the high-water mark before measuring, so the publisher is dropping for it.
+- ``no viewer``: the publisher and the step detectors, nobody subscribes (per-layer samples and
+  invariants off);
+- ``live viewer``: the same, a real subscriber process reads and decodes every message;
+- ``frozen viewer``: the same, a real subscriber process connects and is then stopped (SIGSTOP);
+  its queue is filled to the high-water mark before measuring, so the publisher is dropping for it;
+- ``full``: everything a default Monitor does: detectors, training invariants (optimizer hooks),
+  per-layer samples (gradient and weight norms, update ratios, module output statistics, within
+  their default 1 % cost budget), memory readings; no viewer. Also printed for it: the per-step
+  time spent inside the sampler and the invariant checker, measured from inside.
 
 Also printed: ``cpu``, the process's CPU time (every thread: publisher, detectors, GPU sampler)
 with the Monitor over without it, which other programs on a shared machine disturb less than wall
 time.
 
-Targets: ratio <= 1.02 at >= 20 ms steps, <= 1.05 at ~1 ms. Also printed: the median cost of one
-``mon.step()`` call in microseconds, and the messages the publisher dropped (queue full). What a
+Targets: ratio <= 1.02 at >= 20 ms steps, <= 1.05 at ~1 ms (TrainCheck: median 1.05x, worst
+1.6x, prior-art.md). Also printed: the median cost of one ``mon.step()`` call in microseconds, the
+messages the publisher dropped (queue full), and ``hooks``: per step, the time spent in the
+sampler's and the checker's hooks and assembly (``full`` only; part of the ratio, not added to it). What a
 frozen viewer misses is not in that count: ZeroMQ drops it for that viewer alone, silently; the
 viewer sees gaps in ``seq``.
 """
@@ -86,7 +94,7 @@ SIZES = (
     ModelSize("~1 ms step", (128, 256, 10), batch=64, rounds=200, block=10),
     ModelSize(">=20 ms step", (512, 1024, 512), batch=160, rounds=40, block=5),
 )
-CONDITIONS = ("no viewer", "live viewer", "frozen viewer")
+CONDITIONS = ("no viewer", "live viewer", "frozen viewer", "full")
 
 
 class Trainer:
@@ -113,7 +121,7 @@ class Trainer:
 @contextmanager
 def viewer(condition: str, endpoint: str) -> Iterator[subprocess.Popen[str] | None]:
     """The viewer process of a condition (None for "no viewer"), stopped and reaped at the end."""
-    if condition == "no viewer":
+    if condition in ("no viewer", "full"):
         yield None
         return
     process = subprocess.Popen(
@@ -149,11 +157,13 @@ def wait_ready(process: subprocess.Popen[str], publish: Callable[[], None]) -> N
 
 
 def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
-    trainer = Trainer(size)
+    plain, trainer = Trainer(size), Trainer(size)
     rounds = max(2, int(size.rounds * scale))
+    full = condition == "full"
     with tempfile.TemporaryDirectory() as runtime:
         os.environ["TUIMON_RUNTIME_DIR"] = runtime
-        mon = Monitor(trainer.model, trainer.optimizer, run=f"overhead-{condition}", gpu="simulated")
+        mon = Monitor(trainer.model, trainer.optimizer, run=f"overhead-{condition}", gpu="simulated",
+                      stats=full, invariants=full)
         with viewer(condition, mon.endpoint) as process:
             if process is not None:
                 wait_ready(process, lambda: mon.event("checkpoint", "benchmark handshake", severity="info"))
@@ -164,8 +174,10 @@ def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
                     mon.step(1.0)
                 while mon.publisher.stats()["queued"]:
                     time.sleep(0.01)
-            for _ in range(max(5, size.block)):  # warm-up, both arms
-                trainer.forward_backward_step()
+            for _ in range(max(20, size.block)):  # warm-up, both arms (full: past the dense samples)
+                plain.forward_backward_step()
+                mon.step(trainer.forward_backward_step(), samples=trainer.batch)
+            own_before = _own_seconds(mon)
             without: list[float] = []
             with_monitor: list[float] = []
             call_costs: list[float] = []
@@ -178,7 +190,7 @@ def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
                     cpu_started = time.process_time()
                     for _ in range(size.block):
                         started = time.perf_counter()
-                        loss = trainer.forward_backward_step()
+                        loss = (trainer if monitored else plain).forward_backward_step()
                         if monitored:
                             before_call = time.perf_counter()
                             mon.step(loss, samples=trainer.batch)
@@ -190,6 +202,7 @@ def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
                 pair_ratios.append(
                     statistics.median(block_times[True]) / statistics.median(block_times[False])
                 )
+            own = (_own_seconds(mon) - own_before) / (rounds * size.block)
             stats = mon.publisher.stats()
             mon.close()
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
@@ -200,7 +213,16 @@ def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
         "call_us": statistics.median(call_costs) * 1e6,
         "cpu_ratio": process_cpu[True] / process_cpu[False],
         "dropped": stats["dropped"],
+        "own_us": own * 1e6,
     }
+
+
+def _own_seconds(mon: Monitor) -> float:
+    """Time spent inside the per-layer sampler and the invariant checker so far (their own cost)."""
+    seconds = mon._layers.seconds_spent if mon._layers else 0.0
+    if mon._invariants is not None:
+        seconds += mon._invariants.checker.overhead()["seconds"]
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs. Step times are medians;"
         " ratio is the median over rounds of (with / without) in adjacent blocks, robust to drifting load."
     )
-    columns = {"without": 10, "with": 10, "ratio": 8, "cpu": 8, "step()": 10, "dropped": 9}
+    columns = {"without": 10, "with": 10, "ratio": 8, "cpu": 8, "step()": 10, "dropped": 9, "hooks": 10}
     header = f"{'model':<14}{'condition':<15}" + "".join(f"{name:>{w}}" for name, w in columns.items())
     print(header)
     print("-" * len(header))
@@ -226,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             worst[size.name] = max(worst.get(size.name, 0.0), r["ratio"])
             print(
                 f"{size.name:<14}{condition:<15}{r['without_ms']:>8.2f}ms{r['with_ms']:>8.2f}ms"
-                f"{r['ratio']:>8.3f}{r['cpu_ratio']:>8.3f}{r['call_us']:>8.1f}us{r['dropped']:>9}",
+                f"{r['ratio']:>8.3f}{r['cpu_ratio']:>8.3f}{r['call_us']:>8.1f}us{r['dropped']:>9}"
+                f"{r['own_us']:>8.1f}us",
                 flush=True,
             )
     print(f"({time.monotonic() - started:.0f} s; targets: <= 1.05 at ~1 ms, <= 1.02 at >= 20 ms steps)")

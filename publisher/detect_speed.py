@@ -136,7 +136,7 @@ class StepTimeOutlier(Detector):
         if len(times) < self.warmup:
             times.append(step_time)
             return ()
-        if step % 10 == 0 or not self._median:  # robust statistics, refreshed every 10 steps
+        if step % 50 == 0 or not self._median:  # robust statistics, refreshed every 50 steps
             self._median = statistics.median(times)
             self._spread = 1.4826 * statistics.median(abs(t - self._median) for t in times)
         median = self._median

@@ -126,6 +126,8 @@ class EpisodeTracker:
         self._emit = emit
         self._ids = itertools.count()
         self._open: dict[int, dict[tuple[str, Any], _Episode]] = {}
+        #: ``id(owner)`` of the owners that ever had an episode (a cheap test for callers).
+        self.open_owners = self._open
 
     def new_id(self) -> str:
         """A fresh event id, unique within the run: ``"<rank>-<n>"``."""
@@ -273,7 +275,8 @@ class DetectorSet:
         A detector's findings from both hooks make one observation; a layer finding replaces a
         step finding of the same kind and key (it knows more: which layers).
         """
-        observe = self.tracker.observe
+        tracker = self.tracker
+        open_episodes = tracker.open_owners
         for detector, on_step, on_layers in self._step_detectors:
             try:
                 findings = detector.observe_step(step, metrics) if on_step else ()
@@ -281,7 +284,8 @@ class DetectorSet:
                     findings = _merge(findings, detector.observe_layers(step, layers, metrics))
                 elif not on_step:
                     continue  # a layer detector ages its episodes on samples only
-                observe(detector, step, findings, detector.quiet_to_close)
+                if findings or id(detector) in open_episodes:  # else nothing to record: the usual case
+                    tracker.observe(detector, step, findings, detector.quiet_to_close)
             except Exception:
                 self._disable(detector)
 

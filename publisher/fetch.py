@@ -32,10 +32,8 @@ class DeviceFetch:
     MAX_IN_FLIGHT = 64
 
     def __init__(self) -> None:
-        self._queue: deque[tuple[HostValue, Callable[[torch.Tensor], None]]] = deque()
-
-    def __len__(self) -> int:
-        return len(self._queue)
+        #: Batches on their way, oldest first (truthy while any is: a cheap test for the hot path).
+        self.queue: deque[tuple[HostValue, Callable[[torch.Tensor], None]]] = deque()
 
     def submit(self, tensors: Sequence[torch.Tensor], on_arrival: Arrival) -> None:
         """Copy ``tensors`` (any shapes, one device) to the host; ``on_arrival(host_tensors)`` later.
@@ -46,11 +44,11 @@ class DeviceFetch:
         Tensors on several accelerators are gathered on the first one's.
         """
         if all(t.device.type == "cpu" for t in tensors):
-            if not self._queue:
+            if not self.queue:
                 on_arrival(list(tensors))
                 return
             # Batches are still on their way: queue behind them (already landed) to keep the order.
-            self._queue.append((HostValue(_NOTHING), lambda _host: on_arrival(list(tensors))))
+            self.queue.append((HostValue(_NOTHING), lambda _host: on_arrival(list(tensors))))
             self.drain()
             return
         on_device = [i for i, t in enumerate(tensors) if t.device.type != "cpu"]
@@ -65,17 +63,17 @@ class DeviceFetch:
                 kept[i] = part
             on_arrival(kept)
 
-        self._queue.append((HostValue(joined), reassemble))
-        while len(self._queue) > self.MAX_IN_FLIGHT:
+        self.queue.append((HostValue(joined), reassemble))
+        while len(self.queue) > self.MAX_IN_FLIGHT:
             self._hand_over_oldest()
         self.drain()
 
     def drain(self, wait: bool = False) -> None:
         """Hand over every batch that has landed (every batch, waiting for them, when ``wait``)."""
-        queue = self._queue
+        queue = self.queue
         while queue and (wait or queue[0][0].ready()):
             self._hand_over_oldest()
 
     def _hand_over_oldest(self) -> None:
-        value, reassemble = self._queue.popleft()
+        value, reassemble = self.queue.popleft()
         reassemble(value.wait())

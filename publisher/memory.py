@@ -35,14 +35,12 @@ class MemoryReader:
             raise ValueError(f"memory interval must be >= 0 seconds, got {interval_s!r}")
         self.interval_s = interval_s
         self._device = device
-        self._read_at = -math.inf
-
-    def due(self, now: float) -> bool:
-        return now - self._read_at >= self.interval_s
+        #: ``time.perf_counter()`` from which a reading is due (an attribute: read on every step).
+        self.next_at = -math.inf
 
     def read(self, now: float) -> dict[str, float]:
-        """The memory metrics now (and remember when, for :meth:`due`)."""
-        self._read_at = now
+        """The memory metrics now (the next reading is due ``interval_s`` later)."""
+        self.next_at = now + self.interval_s
         values: dict[str, float] = {"host_mem_bytes": sysinfo.host_rss_bytes()}
         if torch.cuda.is_initialized():
             device = self._device()

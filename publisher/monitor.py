@@ -272,21 +272,19 @@ class Monitor:
         layers = self._layers
         sampling = layers is not None and layers.sampling
         metrics: dict[str, float] = {}
-        tensors: list[torch.Tensor] = []  # device numbers, fetched together
-        tensor_names: list[str] = []  # names of the scalar ones, which come first
+        # Scalars on an accelerator are fetched later, all together; CPU ones are read now (free).
+        waiting: list[tuple[str, torch.Tensor]] = []
         if isinstance(loss, torch.Tensor):
             if loss.numel() != 1:
                 raise ValueError(f"the loss must be one number, got a tensor of shape {tuple(loss.shape)}")
-            tensors.append(loss.detach())
-            tensor_names.append("loss")
+            self._read("loss", loss, metrics, waiting)
         elif loss is not None:
             metrics["loss"] = float(loss)
         grads = None
         if "grad_norm" not in extra and self._params:
             grads = self._grad_normer(self._current_params()) if sampling else self._budgeted_grad_norm()
             if grads is not None:
-                tensors.append(grads.total)
-                tensor_names.append("grad_norm")
+                self._read("grad_norm", grads.total, metrics, waiting)
         optimizer = self._optimizer
         if optimizer is not None:
             groups = optimizer.param_groups
@@ -308,66 +306,87 @@ class Monitor:
             data_time, self._pending_data_time = self._pending_data_time, None
         if data_time is not None:
             metrics["data_time"] = float(data_time)
-        if self._memory.due(now):
+        if now >= self._memory.next_at:
             metrics.update(self._memory.read(now))
         for name, value in extra.items():
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                tensors.append(value.detach())
-                tensor_names.append(name)
-                continue
             try:
-                metrics[name] = float(value)
+                if isinstance(value, torch.Tensor) and value.numel() == 1:
+                    self._read(name, value, metrics, waiting)
+                else:
+                    metrics[name] = float(value)
             except (TypeError, ValueError, RuntimeError) as exc:
                 self._telemetry_failed(f"metric {name!r}", exc)
+        # Per-parameter gradient norms, then the sample's tensors: read only when needed, on arrival.
+        arrays = [grads.norms] if grads is not None else []
         layout = None
-        if grads is not None:
-            tensors.append(grads.norms)
         if sampling:
             assert layers is not None
             parts, layout = layers.collect(grads)
-            tensors += parts
-        arrived = partial(self._arrived, step, metrics, tensor_names, grads, layout)
-        if tensors:
-            self._fetch.submit(tensors, arrived)
+            arrays += parts
+        # Arrays live where the parameters do: the first one tells.
+        if waiting or self._fetch.queue or (arrays and not arrays[0].is_cpu):
+            names = [name for name, _ in waiting]
+            self._fetch.submit([t for _, t in waiting] + arrays,
+                               partial(self._arrived, step, metrics, names, grads, layout))
         else:
-            arrived([])
+            self._complete(step, metrics, grads, layout, arrays)
         if layers is not None:
             layers.advance(self._last_step_time)
         if self._invariants is not None:
             self._invariants.sync(step)
 
+    @staticmethod
+    def _read(name: str, value: torch.Tensor, metrics: dict[str, float], waiting: list) -> None:
+        """A one-element tensor: its number now if it is on the CPU, else queued for the fetch."""
+        if value.is_cpu:
+            metrics[name] = value.item()
+        else:
+            waiting.append((name, value))
+
     def _arrived(
         self,
         step: int,
         metrics: dict[str, float],
-        tensor_names: list[str],
+        names: list[str],
         grads: GradNorms | None,
         layout: SampleLayout | None,
         values: list[torch.Tensor],
     ) -> None:
-        """The step's device numbers are on the host: publish its metrics, hand them to the detectors."""
+        """A step's device numbers are on the host (a later step, or close()): complete the step."""
         try:
-            for name, value in zip(tensor_names, values, strict=False):
-                metrics[name] = float(value)
-            rest = values[len(tensor_names):]
-            grad_norms = rest.pop(0) if grads is not None else None
-            sample: LayerSample | None = None
-            if layout is not None:
-                sample = layout.decode(grad_norms, rest)
-            elif grads is not None and self._layers is not None and not math.isfinite(metrics["grad_norm"]):
-                # Not a sampled step, but the gradients went bad: say which ones.
-                sample = self._layers.gradient_layout(grads).decode(grad_norms, [])
-            body: dict[str, Any] = {}
-            if sample is not None:
-                metrics.update(sample.totals())
-                body["layers"] = sample.payload(self._layers.config.max_published if self._layers else 0)
-            finite = all(math.isfinite(value) for value in metrics.values())
-            # Published as it is when every number is finite (the usual case): the wire form costs a copy.
-            self.publisher.publish("metrics", step=step, metrics=metrics if finite else wire_numbers(metrics),
-                                   **body)
-            self._detectors.submit_step(step, metrics, sample)
+            for name, value in zip(names, values, strict=False):
+                metrics[name] = value.item()
+            self._complete(step, metrics, grads, layout, values[len(names):])
         except Exception as exc:
             self._telemetry_failed(f"metrics of step {step}", exc)
+
+    def _complete(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        grads: GradNorms | None,
+        layout: SampleLayout | None,
+        arrays: list[torch.Tensor],
+    ) -> None:
+        """Publish a step's metrics (and per-layer sample), then hand them to the detectors."""
+        grad_norms = arrays[0] if grads is not None else None
+        sample: LayerSample | None = None
+        if layout is not None:
+            sample = layout.decode(grad_norms, arrays[1 if grads is not None else 0:])
+        elif grad_norms is not None and self._layers is not None and not math.isfinite(metrics["grad_norm"]):
+            # Not a sampled step, but the gradients went bad: say which ones.
+            sample = self._layers.gradient_layout(grads).decode(grad_norms, [])
+        if sample is not None:
+            metrics.update(sample.totals())
+        # One C-level sum tells whether any number is NaN or infinite (the rare case that needs the
+        # wire form, which costs a copy).
+        wire = metrics if math.isfinite(sum(metrics.values())) else wire_numbers(metrics)
+        if sample is None:
+            self.publisher.publish("metrics", step=step, metrics=wire)
+        else:
+            limit = self._layers.config.max_published if self._layers else 0
+            self.publisher.publish("metrics", step=step, metrics=wire, layers=sample.payload(limit))
+        self._detectors.submit_step(step, metrics, sample)
 
     def _budgeted_grad_norm(self) -> GradNorms | None:
         """The gradient norms on as many steps as the budget allows, None on the others.

@@ -18,6 +18,7 @@ from tuimon.receiver import LiveSource
 from tuimon.replay import ReplaySource
 from tuimon.screens.event_detail import EventDetailScreen
 from tuimon.screens.help import HelpScreen
+from tuimon.screens.incidents import IncidentScreen
 from tuimon.widgets.charts import MetricChart, envelope
 from tuimon.widgets.events import EventLog
 from tuimon.widgets.gpu import GpuCard, GpuPanel
@@ -236,6 +237,8 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "c": lambda: app.query_one(MetricChart).metric == "lr",
             "e": lambda: app.focused is app.query_one(EventLog),
             "enter": lambda: isinstance(app.screen, EventDetailScreen),
+            "i": lambda: isinstance(app.screen, IncidentScreen),
+            "o": lambda: isinstance(app.screen, IncidentScreen),
             "space": lambda: "PAUSED" in text(app, "#header"),
             "plus": lambda: "PAUSED max" not in text(app, "#header"),
             "minus": lambda: "64×" in text(app, "#header"),
@@ -255,6 +258,8 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "c",
             "e",
             "enter",
+            "i",
+            "o",
             "space",
             "minus",
             "plus",
@@ -263,7 +268,7 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "left",
             "end",
         ):
-            if isinstance(app.screen, (HelpScreen, EventDetailScreen)):
+            if isinstance(app.screen, (HelpScreen, EventDetailScreen, IncidentScreen)):
                 await pilot.press("escape")
             if key == "c":
                 await pilot.press("l")  # the next chart after the loss is the lr

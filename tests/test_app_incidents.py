@@ -5,6 +5,7 @@ and two dashboards sharing one knowledge base live."""
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -148,6 +149,22 @@ async def test_an_incident_opens_from_the_selected_event_with_its_evidence(
         assert kb.count() == 1
         await pilot.press("n")
         await wait_for_screen(pilot, lambda: kb.count() == 2, what="a second incident on purpose")
+
+
+async def test_one_key_press_on_the_dashboard_opens_an_incident_from_the_selected_event(
+    recording: Path, kb_dir: Path, kb: KnowledgeBase
+) -> None:
+    async with dashboard(recording, kb_dir) as (app, pilot):
+        app.query_one(EventLog).move_cursor(row=NONFINITE_ROW)
+        await pilot.press("o")
+        await wait_for_screen(pilot, lambda: kb.count() == 1, what="the incident opened by o")
+        assert isinstance(app.screen, IncidentScreen)
+        incident = kb.get(1)
+        assert incident.kinds == ("nonfinite_loss",) and incident.created_by == "alice"
+        assert {record.kind for record in kb.context(1)} >= {"metrics", "gpu", "reproduction"}
+        await wait_for_screen(
+            pilot, lambda: "Runbook:" in str(checklist(app).border_title), what="its runbook as a checklist"
+        )
 
 
 async def test_runbook_checklist_ticks_and_unticks_with_timeline_entries(
@@ -453,3 +470,27 @@ async def test_blank_incidents_when_no_event_is_selected(
 
 def step_lines_all(app: TuimonApp) -> list[str]:
     return [str(option.prompt) for option in checklist(app).options]
+
+
+async def test_the_screen_stays_usable_while_another_writer_holds_the_lock(
+    recording: Path, kb_dir: Path, kb: KnowledgeBase
+) -> None:
+    """Another engineer's long write: the note waits for it (and is not lost), reading goes on."""
+    async with dashboard(recording, kb_dir) as (app, pilot):
+        await open_screen(app, pilot)
+        await open_incident(app, pilot)
+        blocker = sqlite3.connect(kb.location.db_path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # holds the write lock
+        try:
+            await pilot.press("a", *"written while locked", "enter")
+            await pilot.press("slash", *"spiking")
+            await wait_for_screen(
+                pilot, lambda: "(1 hit)" in str(app.screen.query_one(IncidentList).border_title)
+            )
+            await pilot.pause(0.5)
+            assert "written while locked" not in text(app, "#kb-timeline-text")
+        finally:
+            blocker.execute("COMMIT")
+            blocker.close()
+        await wait_for_screen(pilot, lambda: "written while locked" in text(app, "#kb-timeline-text"))
+        assert [e.text for e in kb.timeline(1) if e.type == "note"] == ["written while locked"]

@@ -137,12 +137,17 @@ def tuimon_run(tmp_path: Path, script: str) -> list[h.Recording]:
     return [h.Recording.from_jsonl(paths[0])]
 
 
-@pytest.mark.parametrize("script", ["fault_nan_loss", "fault_missing_zero_grad", "fault_dead_relu"])
-def test_an_unmodified_script_under_tuimon_run_is_caught_the_same_way(tmp_path: Path, script: str) -> None:
+@pytest.mark.parametrize("script", ["fault_nan_loss", "fault_missing_zero_grad", "fault_vanishing_gradients"])
+def test_an_unmodified_script_under_tuimon_run_is_caught_the_same_way(
+    suite: Path, tmp_path: Path, script: str
+) -> None:
     case = _case(script)
-    recordings = tuimon_run(tmp_path, script)
-    verdict = h.judge(case, recordings)
-    assert verdict.passed, verdict.problems
+    zero_code = h.judge(case, tuimon_run(tmp_path, script))
+    assert zero_code.passed, zero_code.problems
+    watched = h.judge(case, h.recordings_of(script, 1, suite))
+    for kind, delay in watched.delays.items():
+        # tuimon run builds its Monitor inside the first optimizer step: one step later at most.
+        assert delay is not None and zero_code.delays[kind] in (delay, delay + 1), (kind, zero_code.delays)
 
 
 def test_healthy_script_under_tuimon_run_stays_quiet(tmp_path: Path) -> None:

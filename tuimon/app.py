@@ -12,7 +12,6 @@ the selected event, the run and a window of metrics around the event, read from 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import sys
@@ -31,6 +30,7 @@ from textual.widgets import DataTable, Footer
 
 from tuimon.screens.event_detail import CONTEXT_STEPS, EventDetailScreen
 from tuimon.screens.help import HelpScreen
+from tuimon.screens.incidents import IncidentScreen, key_sections
 from tuimon.screens.kb_link import KbLink
 from tuimon.store import THROUGHPUT_METRICS, EventRecord, RunView, Store
 from tuimon.themes import DEFAULT_THEME, THEME_ORDER, check_theme_name, load_themes
@@ -47,12 +47,12 @@ CHARTS_HZ = 1.25
 #: Seconds the app gets to exit cleanly after its terminal went away, before the process is ended.
 HANGUP_GRACE_S = 3.0
 #: The module an incident screen lives in; its key is shown only once it exists.
-INCIDENT_SCREEN_MODULE = "tuimon.screens.incidents"
 _REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_to"})
 #: Actions on the dashboard's own panels and source: only while the dashboard is the visible
 #: screen (on a screen pushed over it their keys mean something else there, or nothing).
 _DASHBOARD_ACTIONS = frozenset(
-    {"next_run", "chart", "next_chart", "focus_events", "event_details", "incidents", *_REPLAY_ACTIONS}
+    {"next_run", "chart", "next_chart", "focus_events", "event_details", "incidents", "open_incident"}
+    | _REPLAY_ACTIONS
 )
 
 
@@ -114,6 +114,7 @@ class TuimonApp(App[None]):
         Binding("e", "focus_events", "Events", tooltip="Focus the event log (up/down to select)"),
         Binding("enter", "event_details", "Details", show=False, tooltip="Details of the selected event"),
         Binding("i", "incidents", "Incidents", tooltip="Incident knowledge base for the selected event"),
+        Binding("o", "open_incident", "Open incident", tooltip="Open an incident from the selected event"),
         Binding("space", "toggle_pause", "Pause", tooltip="Pause or resume the replay"),
         Binding("plus", "faster", "Faster", key_display="+", tooltip="Replay faster (up to 64x, then max)"),
         Binding("minus", "slower", "Slower", key_display="-", tooltip="Replay slower (down to 0.5x)"),
@@ -141,7 +142,6 @@ class TuimonApp(App[None]):
         self._initial_theme = theme
         self._seen: dict[str, object] = {}
         self._generation = self.store.generation
-        self._incidents_available = importlib.util.find_spec(INCIDENT_SCREEN_MODULE) is not None
         #: The incident knowledge base (``kb_dir``, else $TUIMON_KB, config, default), opened off
         #: the UI thread; "seen before" is offered for new events, the incident screen uses it.
         self.kb_link = KbLink(kb_dir)
@@ -162,8 +162,7 @@ class TuimonApp(App[None]):
     def on_mount(self) -> None:
         self.theme = self._initial_theme
         self.source.start()
-        if self._incidents_available:
-            self.kb_link.start(self)
+        self.kb_link.start(self)
         self.query_one(EventLog).focus()
         self.refresh_numbers()
         self.set_interval(1 / NUMBERS_HZ, self.refresh_numbers)
@@ -223,8 +222,7 @@ class TuimonApp(App[None]):
         if self._changed("events", versions["events"]):
             events = store.events(run)
             self.query_one(EventLog).show(events)
-            if self._incidents_available:
-                self.kb_link.offer_seen_before(run, events)
+            self.kb_link.offer_seen_before(run, events)
         chart = self.query_one(MetricChart)
         if self._changed("metric-names", versions["metrics"]):
             chart.set_names(store.metric_names(run))
@@ -250,8 +248,6 @@ class TuimonApp(App[None]):
             return False
         if action in _REPLAY_ACTIONS:
             return self.source.kind == "replay"
-        if action == "incidents":
-            return self._incidents_available
         return True
 
     def action_help(self) -> None:
@@ -261,8 +257,6 @@ class TuimonApp(App[None]):
         """The app's keys, grouped, as the help screen lists them."""
         dashboard, replay = [], []
         for binding in (b for b in self.BINDINGS if isinstance(b, Binding)):
-            if binding.action == "incidents" and not self._incidents_available:
-                continue
             entry = (self.get_key_display(binding), binding.tooltip or binding.description)
             is_replay = binding.action.split("(")[0] in _REPLAY_ACTIONS
             (replay if is_replay else dashboard).append(entry)
@@ -270,10 +264,7 @@ class TuimonApp(App[None]):
             ("ctrl+p", "Command palette (themes, charts, runs, replay)"),
             ("↑ ↓", "Move in a table"),
         ]
-        sections = [("Dashboard", dashboard), ("Replay only", replay)]
-        if self._incidents_available:
-            sections += importlib.import_module(INCIDENT_SCREEN_MODULE).key_sections(self)
-        return sections
+        return [("Dashboard", dashboard), ("Replay only", replay), *key_sections(self)]
 
     def action_next_theme(self) -> None:
         order = list(THEME_ORDER)
@@ -344,10 +335,13 @@ class TuimonApp(App[None]):
         self.push_screen(EventDetailScreen(context.run, context.event, context.window, started))
 
     def action_incidents(self) -> None:
-        """Push the incident knowledge base's screen: ``IncidentScreen(context)``, where context is
-        :meth:`event_context` (None when no event is selected)."""
-        module = importlib.import_module(INCIDENT_SCREEN_MODULE)
-        self.push_screen(module.IncidentScreen(self.event_context()))
+        """The incident knowledge base, on the selected event (:meth:`event_context`) if any."""
+        self.push_screen(IncidentScreen(self.event_context()))
+
+    def action_open_incident(self) -> None:
+        """One key press from an anomaly to an incident: open one from the selected event
+        (its context captured), or a blank one when no event is selected."""
+        self.push_screen(IncidentScreen(self.event_context(), open_incident=True))
 
     def action_toggle_pause(self) -> None:
         self.source.toggle_pause()

@@ -5,13 +5,14 @@ runs out of memory hours later. Expected: ``memory_growth`` (host memory, on a C
 """
 
 import torch
-from _harness import Case, Run, batches, main, mlp
+from _harness import Case, Run, batches, main, mlp, release_free_memory
 from torch import nn
 
 TRIGGER = 20
 
 
 def train(run: Run) -> None:
+    release_free_memory()
     model = mlp((64, 1024, 1024, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     run.watch([optimizer], model, manual=True)

@@ -155,6 +155,8 @@ class IncidentScreen(Screen[None]):
     ]
 
     class ListLoaded(Message):
+        """The incidents (or search hits) for ``query`` and ``where``, or why there are none."""
+
         def __init__(
             self, query: str, where: IncidentFilter, items: tuple[Any, ...], total: int, error: str | None
         ) -> None:
@@ -162,19 +164,26 @@ class IncidentScreen(Screen[None]):
             self.query, self.where, self.items, self.total, self.error = query, where, items, total, error
 
     class DetailLoaded(Message):
+        """Everything shown of one incident."""
+
         def __init__(self, detail: IncidentDetail) -> None:
             super().__init__()
             self.detail = detail
 
     class EventLoaded(Message):
+        """What the knowledge base knows of the selected event."""
+
         def __init__(self, knowledge: EventKnowledge | None, error: str | None) -> None:
             super().__init__()
             self.knowledge = knowledge
             self.error = error
 
-    def __init__(self, context: EventContext | None) -> None:
+    def __init__(self, context: EventContext | None, *, open_incident: bool = False) -> None:
+        """``open_incident``: open a new incident from ``context`` as soon as the screen shows
+        (the dashboard's one-key path from an event to an incident)."""
         super().__init__()
         self.context = context
+        self._open_on_mount = open_incident
         self.where: IncidentFilter = NO_FILTER
         self.search_text = ""
         self._keep: int | None = None
@@ -210,6 +219,8 @@ class IncidentScreen(Screen[None]):
         self.link.subscribe(self)
         self.query_one(IncidentList).focus()
         self.reload()
+        if self._open_on_mount:
+            self.action_new_incident()
 
     def on_unmount(self) -> None:
         self.link.unsubscribe(self)
@@ -217,13 +228,11 @@ class IncidentScreen(Screen[None]):
     # ----------------------------------------------------------------------------------- loading
 
     def reload(self) -> None:
-        """Read again everything shown (after any change to the knowledge base)."""
+        """Read again everything shown (after any change to the knowledge base); the highlighted
+        incident is read again once the list is (it may have left the list)."""
         self._load_list(self.search_text, self.where)
         if self.context is not None:
             self._load_event()
-        number = self.selected_number()
-        if number is not None:
-            self._load_detail(number)
 
     def on_knowledge_base_changed(self, message: KnowledgeBaseChanged) -> None:
         self.reload()
@@ -249,8 +258,8 @@ class IncidentScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="kb-detail", exit_on_error=False)
     def _load_detail(self, number: int) -> None:
         worker = get_current_worker()
-        kb = self.link.reader()
         try:
+            kb = self.link.reader()
             detail = IncidentDetail(
                 kb.get(number),
                 tuple(kb.timeline(number)),
@@ -258,7 +267,7 @@ class IncidentScreen(Screen[None]):
                 tuple(kb.context(number)),
             )
         except UserError:
-            return  # deleted meanwhile (an import merged it away): the list reload drops it
+            return  # no knowledge base (the banner says why), or the incident is gone (the list too)
         if not worker.is_cancelled:
             self.post_message(self.DetailLoaded(detail))
 
