@@ -265,15 +265,15 @@ class RawPublisher:
 
 
 @pytest.fixture
-def zmq_context() -> Iterator[zmq.Context]:
+def context() -> Iterator[zmq.Context]:
     context = zmq.Context()
     yield context
     context.destroy(linger=0)
 
 
 @pytest.fixture
-def raw_publisher(zmq_context: zmq.Context) -> Iterator[RawPublisher]:
-    publisher = RawPublisher(zmq_context)
+def raw_publisher(context: zmq.Context) -> Iterator[RawPublisher]:
+    publisher = RawPublisher(context)
     yield publisher
     publisher.close()
 
@@ -359,6 +359,15 @@ class Terminal:
 
 
 # ------------------------------------------------------------------------------ knowledge base
+
+
+@pytest.fixture(autouse=True)
+def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own run registry through $TUIMON_RUNTIME_DIR: publishers a test starts
+    never show up in the developer's `tuimon watch`, nor in another test's."""
+    directory = tmp_path / "runtime"
+    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(directory))
+    return directory
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from conftest import wait_until
 
 from publisher.protocol import SNAPSHOT_REQUEST, decode
+
+__all__ = ["Message", "receive", "receive_until", "request_snapshot", "subscribe", "wait_until"]
 
 Message = dict[str, Any]
 
@@ -50,15 +53,6 @@ def receive_until(
         received.append(message)
         if wanted(message):
             return received
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 2.0, what: str = "condition") -> None:
-    """Poll ``condition`` until it holds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s} s")
-        time.sleep(0.005)
 
 
 def request_snapshot(

@@ -47,13 +47,6 @@ needs_no_driver = pytest.mark.skipif(driver_present(), reason="an NVIDIA driver 
 needs_driver = pytest.mark.skipif(not driver_present(), reason="no NVIDIA driver on this machine")
 
 
-@pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "runtime"
-    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(directory))
-    return directory
-
-
 # -- simulated source ----------------------------------------------------------------------------
 
 

@@ -203,10 +203,8 @@ def test_malformed_oversized_and_wrong_version_frames_are_counted_and_skipped(
     }
 
 
-def test_silent_endpoint_is_reported_with_what_to_do(
-    zmq_context: zmq.Context, sources: list[LiveSource]
-) -> None:
-    placeholder = zmq_context.socket(zmq.PULL)
+def test_silent_endpoint_is_reported_with_what_to_do(context: zmq.Context, sources: list[LiveSource]) -> None:
+    placeholder = context.socket(zmq.PULL)
     placeholder.bind("tcp://127.0.0.1:*")
     endpoint = placeholder.getsockopt_string(zmq.LAST_ENDPOINT)
     placeholder.close(0)  # nobody listens there any more
@@ -223,8 +221,8 @@ def test_empty_registry_says_where_it_looks(tmp_path: Path, sources: list[LiveSo
     assert notice.startswith("waiting for runs") and str(tmp_path) in notice
 
 
-def test_run_filter_keeps_only_that_run(zmq_context: zmq.Context, sources: list[LiveSource]) -> None:
-    wanted, other = RawPublisher(zmq_context, run="wanted"), RawPublisher(zmq_context, run="other")
+def test_run_filter_keeps_only_that_run(context: zmq.Context, sources: list[LiveSource]) -> None:
+    wanted, other = RawPublisher(context, run="wanted"), RawPublisher(context, run="other")
     try:
         source = start(sources, [wanted.endpoint, other.endpoint], run="wanted")
 

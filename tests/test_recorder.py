@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,20 +21,6 @@ from publisher.registry import live_entries
 from publisher.transport import Publisher
 
 
-@pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "runtime"
-    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 def test_recording_lines_are_exactly_the_frames_on_the_wire(tmp_path: Path, context: zmq.Context) -> None:
     path = tmp_path / "runs" / "today" / "run.jsonl"  # missing folders are created
     publisher = Publisher("rec", record=path, heartbeat_s=0.05)
@@ -45,8 +30,16 @@ def test_recording_lines_are_exactly_the_frames_on_the_wire(tmp_path: Path, cont
 
     publisher.publish("run_start", config={"lr": 0.1}, seed=0, argv=["train.py"])
     publisher.publish("metrics", step=1, metrics=wire_numbers({"loss": math.nan, "lr": 0.1}))
-    publisher.publish("event", step=1, id="0-1", severity="critical", kind="nonfinite_loss",
-                      message="loss is NaN — check the data", details={"where": "λ"}, count=1)
+    publisher.publish(
+        "event",
+        step=1,
+        id="0-1",
+        severity="critical",
+        kind="nonfinite_loss",
+        message="loss is NaN — check the data",
+        details={"where": "λ"},
+        count=1,
+    )
     publisher.close()
     sub_frames = [sub.recv()]
     while b'"type":"run_end"' not in sub_frames[-1]:
@@ -56,7 +49,7 @@ def test_recording_lines_are_exactly_the_frames_on_the_wire(tmp_path: Path, cont
     lines = path.read_bytes().split(b"\n")
     assert lines[-1] == b""  # every line is terminated
     recorded = lines[:-1]
-    assert recorded[-len(sub_frames):] == sub_frames
+    assert recorded[-len(sub_frames) :] == sub_frames
     assert [decode(line)["type"] for line in sub_frames][-4:] == ["run_start", "metrics", "event", "run_end"]
     assert [decode(line)["seq"] for line in recorded] == list(range(len(recorded)))
 

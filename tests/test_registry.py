@@ -18,18 +18,17 @@ from publisher.registry import live_entries, register, runtime_dir, unregister
 HOST = socket.gethostname()
 
 
-@pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "runtime"
-    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(directory))
-    return directory
-
-
-def announce(run: str = "llama", rank: int = 0, pid: int | None = None, started: float | None = None,
-             host: str = HOST) -> Path:
+def announce(
+    run: str = "llama", rank: int = 0, pid: int | None = None, started: float | None = None, host: str = HOST
+) -> Path:
     return register(
-        run=run, rank=rank, host=host, pid=os.getpid() if pid is None else pid,
-        pub="tcp://127.0.0.1:5555", snapshot="tcp://127.0.0.1:5556", record=None,
+        run=run,
+        rank=rank,
+        host=host,
+        pid=os.getpid() if pid is None else pid,
+        pub="tcp://127.0.0.1:5555",
+        snapshot="tcp://127.0.0.1:5556",
+        record=None,
         started=time.time() if started is None else started,
     )
 
@@ -43,15 +42,24 @@ def dead_pid() -> int:
 def test_a_registered_run_is_found_with_everything_a_viewer_needs(private_runtime_dir: Path) -> None:
     started = time.time()
     path = register(
-        run="llama-7b", rank=3, host=HOST, pid=os.getpid(), pub="tcp://127.0.0.1:5555",
-        snapshot="tcp://127.0.0.1:5556", record="/data/run.jsonl", started=started,
+        run="llama-7b",
+        rank=3,
+        host=HOST,
+        pid=os.getpid(),
+        pub="tcp://127.0.0.1:5555",
+        snapshot="tcp://127.0.0.1:5556",
+        record="/data/run.jsonl",
+        started=started,
     )
 
     [entry] = live_entries()
 
     assert (entry.run, entry.rank, entry.host, entry.pid) == ("llama-7b", 3, HOST, os.getpid())
-    assert (entry.pub, entry.snapshot, entry.record) == ("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556",
-                                                         "/data/run.jsonl")
+    assert (entry.pub, entry.snapshot, entry.record) == (
+        "tcp://127.0.0.1:5555",
+        "tcp://127.0.0.1:5556",
+        "/data/run.jsonl",
+    )
     assert entry.started == started
     assert entry.path == path == private_runtime_dir / f"llama-7b.3.{os.getpid()}.json"
     assert json.loads(path.read_text())["v"] == 1
@@ -92,9 +100,17 @@ def test_entries_of_other_hosts_are_skipped_but_kept() -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [b"", b"not json", b"[1, 2]", b'{"v": 2, "run": "x"}', b'{"v": 1, "run": "x"}',
-     b'{"v": 1, "run": "x", "rank": "0", "host": "h", "pid": 1, "pub": "p", "snapshot": "s", "started": 1}',
-     b"\xff\xfe", b"[" * 50_000],
+    [
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b'{"v": 2, "run": "x"}',
+        b'{"v": 1, "run": "x"}',
+        b'{"v": 1, "run": "x", "rank": "0", "host": "h", "pid": 1, "pub": "p", "snapshot": "s", '
+        b'"started": 1}',
+        b"\xff\xfe",
+        b"[" * 50_000,
+    ],
     ids=["empty", "not-json", "list", "future-version", "missing-fields", "wrong-type", "binary", "bomb"],
 )
 def test_malformed_files_are_skipped_without_crashing(private_runtime_dir: Path, content: bytes) -> None:

@@ -23,20 +23,6 @@ from publisher.registry import live_entries
 from publisher.transport import Publisher
 
 
-@pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "runtime"
-    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 @pytest.fixture
 def publishers() -> Iterator[list[Publisher]]:
     """Publishers made by a test, closed even when the test fails."""
@@ -124,8 +110,11 @@ def test_an_ipc_endpoint_puts_the_snapshot_socket_beside_it(
 
 
 def test_a_broken_runtime_folder_does_not_stop_training(
-    publishers: list[Publisher], context: zmq.Context, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    publishers: list[Publisher],
+    context: zmq.Context,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
@@ -270,16 +259,18 @@ def test_the_snapshot_keeps_the_latest_of_each_episode_invariant_and_gpu(
 def test_snapshot_frames_are_the_stored_bytes_in_seq_order() -> None:
     history = SnapshotHistory(max_metrics=2, max_events=2)
     frames = {}
-    for seq, (msg_type, body) in enumerate([
-        ("run_start", {"config": {}}),
-        ("event", {"id": "a", "count": 1, "severity": "info", "kind": "k", "message": "m"}),
-        ("metrics", {"step": 1, "metrics": {"loss": 1.0}}),
-        ("event", {"id": "b", "count": 1, "severity": "info", "kind": "k", "message": "m"}),
-        ("heartbeat", {"stats": {}}),
-        ("event", {"id": "c", "count": 1, "severity": "info", "kind": "k", "message": "m"}),
-        ("metrics", {"step": 2, "metrics": {"loss": 1.0}}),
-        ("metrics", {"step": 3, "metrics": {"loss": 1.0}}),
-    ]):
+    for seq, (msg_type, body) in enumerate(
+        [
+            ("run_start", {"config": {}}),
+            ("event", {"id": "a", "count": 1, "severity": "info", "kind": "k", "message": "m"}),
+            ("metrics", {"step": 1, "metrics": {"loss": 1.0}}),
+            ("event", {"id": "b", "count": 1, "severity": "info", "kind": "k", "message": "m"}),
+            ("heartbeat", {"stats": {}}),
+            ("event", {"id": "c", "count": 1, "severity": "info", "kind": "k", "message": "m"}),
+            ("metrics", {"step": 2, "metrics": {"loss": 1.0}}),
+            ("metrics", {"step": 3, "metrics": {"loss": 1.0}}),
+        ]
+    ):
         message = make_message(msg_type, run="r", rank=0, host="h", ts=0.0, seq=seq, **body)
         frames[seq] = encode(message)
         history.add(message, frames[seq])
@@ -411,8 +402,11 @@ def test_close_sends_run_end_and_removes_the_registry_entry(
 
 @pytest.mark.parametrize(
     ("raised", "status", "error"),
-    [(None, "completed", None), (KeyboardInterrupt(), "interrupted", None),
-     (RuntimeError("loss exploded"), "failed", "RuntimeError: loss exploded")],
+    [
+        (None, "completed", None),
+        (KeyboardInterrupt(), "interrupted", None),
+        (RuntimeError("loss exploded"), "failed", "RuntimeError: loss exploded"),
+    ],
 )
 def test_as_a_context_manager_the_run_end_says_how_the_block_ended(
     context: zmq.Context, raised: BaseException | None, status: str, error: str | None
