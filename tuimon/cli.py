@@ -18,7 +18,9 @@ _PREFERRED_ORDER = ("watch", "replay", "demo", "run", "incidents")
 
 
 def _command_modules() -> list[str]:
-    found = {info.name for info in pkgutil.iter_modules(tuimon.commands.__path__)}
+    found = {
+        info.name for info in pkgutil.iter_modules(tuimon.commands.__path__) if not info.name.startswith("_")
+    }
     ordered = [name for name in _PREFERRED_ORDER if name in found]
     return ordered + sorted(found - set(ordered))
 

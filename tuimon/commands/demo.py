@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from tuimon.commands._options import add_dashboard_options
 from tuimon.errors import UserError
 
 #: Seconds the demo gets to end its run and flush its recording after SIGTERM.
@@ -38,12 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--record", metavar="PATH", help="recording to write (default: a new file in the temp folder)"
     )
-    parser.add_argument(
-        "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
-    )
-    parser.add_argument(
-        "--kb", metavar="DIR", help="incident knowledge base folder (default: $TUIMON_KB, config, per-user)"
-    )
+    add_dashboard_options(parser)
     parser.set_defaults(handler=run)
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuimon.commands._options import add_kb_option
+
 if TYPE_CHECKING:
     from tuimon.kb import Incident, KnowledgeBase
     from tuimon.kb.incidents import IncidentFilter
@@ -36,11 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = parser.add_subparsers(dest="incidents_command", metavar="ACTION", required=True)
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--kb",
-        metavar="DIR",
-        help="knowledge-base folder (default: $TUIMON_KB, config, ~/.local/share/tuimon/kb)",
-    )
+    add_kb_option(common)
     common.add_argument("--author", help="who writes (default: $TUIMON_AUTHOR, else your user name)")
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from tuimon.commands._options import add_dashboard_options
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -22,12 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--paused", action="store_true", help="open paused at the start")
     parser.add_argument("--run", metavar="NAME", help="show this run first")
-    parser.add_argument(
-        "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
-    )
-    parser.add_argument(
-        "--kb", metavar="DIR", help="incident knowledge base folder (default: $TUIMON_KB, config, per-user)"
-    )
+    add_dashboard_options(parser)
     parser.set_defaults(handler=run)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from tuimon.commands._options import add_dashboard_options
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -19,12 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="publisher address: tcp://HOST:PORT, HOST:PORT or PORT (on 127.0.0.1)",
     )
     parser.add_argument("--run", metavar="NAME", help="show only this run")
-    parser.add_argument(
-        "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
-    )
-    parser.add_argument(
-        "--kb", metavar="DIR", help="incident knowledge base folder (default: $TUIMON_KB, config, per-user)"
-    )
+    add_dashboard_options(parser)
     parser.set_defaults(handler=run)
 
 
