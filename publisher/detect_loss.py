@@ -261,11 +261,12 @@ class LossPlateau(Detector):
     - the mean of the next ``window`` (30) losses is the reference; once the mean of the last
       ``window`` losses is ``min_progress`` (2 %) below it, the run is learning and the detector
       stops for good: a later plateau is convergence, not a fault;
-    - otherwise, ``patience`` (60) steps after the reference, and every 10 steps from then on,
+    - otherwise, ``patience`` (90) steps after the reference, and every 10 steps from then on,
       a least-squares line through the last ``window + patience`` losses must not slope down
-      significantly (t-statistic below ``-t``, 3): a run that learns slowly but surely is not
+      significantly (t-statistic below ``-t``, 2): a run that learns slowly but surely is not
       reported (DeepDiagnosis and AutoTrainer call this case "slow convergence"), a flat one is,
-      as a warning. Means and a trend test over 90 steps keep small noisy batches quiet.
+      as a warning. Means and a trend test over 120 steps keep small noisy batches quiet (a
+      loss falling 3 % per 100 steps under 2 % batch noise is told from a flat one).
 
     Steps with a learning rate of 0 or one still rising (warm-up, from 0 or not) do not count, so
     a long warm-up is never mistaken for a plateau. The message says when the loss sits at
@@ -274,8 +275,8 @@ class LossPlateau(Detector):
 
     quiet_to_close = 50
 
-    def __init__(self, settle: int = 10, window: int = 30, patience: int = 60, min_progress: float = 0.02,
-                 t: float = 3.0) -> None:
+    def __init__(self, settle: int = 10, window: int = 30, patience: int = 90, min_progress: float = 0.02,
+                 t: float = 2.0) -> None:
         if settle < 0 or window < 2 or patience < 1 or not 0 < min_progress < 1:
             raise ValueError("LossPlateau: settle >= 0, window >= 2, patience >= 1, 0 < min_progress < 1")
         self.settle = settle

@@ -12,19 +12,32 @@ from typing import Any
 import pytest
 
 from publisher.detectors import (
+    DataBottleneck,
+    DeadActivations,
     Detector,
     DetectorSet,
     EpisodeTracker,
     Finding,
     GpuEcc,
     GpuImbalance,
+    GpuLowUtil,
     GpuThrottle,
+    GradExplosion,
+    LossPlateau,
     LossSpike,
+    MemoryGrowth,
+    NonFiniteGrads,
     NonFiniteLoss,
+    NonFiniteParams,
+    StepTimeOutlier,
+    ThroughputDrop,
+    UpdateRatio,
+    VanishingGradient,
     default_detectors,
 )
 from publisher.event_kinds import EVENT_KINDS
 from publisher.gpu import SimulatedSource
+from publisher.tensorstats import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
 
 Event = tuple[int | None, dict[str, Any]]
 
@@ -266,3 +279,245 @@ def test_gpu_ecc_fires_when_the_counter_rises_only() -> None:
     assert list(detector.observe_gpu(3, [gpu(0, ecc_errors=3)])) == []
     (again,) = detector.observe_gpu(4, [gpu(0, ecc_errors=4)])
     assert again.details["new_errors"] == 1
+
+
+# -- loss not decreasing -------------------------------------------------------------------------
+
+
+def run_steps(detector: Detector, series: Iterable[dict[str, float]]) -> list[tuple[int, Finding]]:
+    found = []
+    for step, metrics in enumerate(series, start=1):
+        found.extend((step, f) for f in detector.observe_step(step, metrics))
+    return found
+
+
+def test_loss_plateau_fires_on_a_loss_stuck_at_chance_and_says_so() -> None:
+    rng = random.Random(0)
+    stuck = [{"loss": math.log(10) * math.exp(rng.gauss(0, 0.03)), "lr": 1e-3} for _ in range(200)]
+    found = run_steps(LossPlateau(), stuck)
+    assert found and found[0][0] == 130, "settle 10 + reference 30 + patience 90"
+    finding = found[0][1]
+    assert finding.kind == "loss_plateau" and finding.resolved_severity() == "warning"
+    assert finding.details["chance_level_classes"] == 10 and "log(10)" in finding.message
+    assert abs(finding.details["change"]) < 0.02 and finding.details["likely_causes"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_loss_plateau_stays_quiet_on_learning_runs(seed: int) -> None:
+    rng = random.Random(seed)
+    noisy = [{"loss": v, "lr": 1e-3} for v in noisy_descent(seed, steps=2000, noise=0.3)]
+    assert run_steps(LossPlateau(), noisy) == [], "falls, then converges: never a plateau"
+    # Slow but steady: 3 % per 100 steps under 2 % batch noise (cross-entropy at batch 32, small lr).
+    slow = [{"loss": 2.3 * (1 - 0.0003 * s) * math.exp(rng.gauss(0, 0.02)), "lr": 1e-4} for s in range(300)]
+    assert run_steps(LossPlateau(), slow) == []
+
+
+def test_loss_plateau_waits_for_the_end_of_a_warmup_from_zero() -> None:
+    flat = [{"loss": 2.0, "lr": 1e-3 * min(1.0, s / 500)} for s in range(550)]
+    assert run_steps(LossPlateau(), flat) == [], "lr rising: no progress is expected yet"
+    # Counted from the first step after the rise (step 502): 130 counted steps later.
+    assert next(step for step, _ in run_steps(LossPlateau(), flat + flat[-1:] * 130)) == 631
+    zero_lr = [{"loss": 2.0, "lr": 0.0}] * 300
+    assert run_steps(LossPlateau(), zero_lr) == [], "lr 0 is the invariants' optimizer_noop"
+
+
+# -- gradients ------------------------------------------------------------------------------------
+
+
+def grad_norms(seed: int, steps: int = 3000, noise: float = 0.3) -> list[float]:
+    rng = random.Random(seed)
+    return [(0.5 + 3.0 * math.exp(-s / 200)) * math.exp(rng.gauss(0.0, noise)) for s in range(steps)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grad_explosion_stays_quiet_on_noisy_norms_and_single_spikes(seed: int) -> None:
+    norms = grad_norms(seed)
+    for spike in (500, 1500, 2500):  # one bad batch each: a loss spike, not an explosion
+        norms[spike] *= 100
+    assert run_steps(GradExplosion(), [{"grad_norm": n} for n in norms]) == []
+
+
+def test_grad_explosion_fires_after_a_few_high_steps_of_a_divergence() -> None:
+    norms = grad_norms(0, steps=300) + [0.6 * 2.0**k for k in range(1, 20)]
+    found = run_steps(GradExplosion(), [{"grad_norm": n, "loss": 1.0} for n in norms])
+    first_step, finding = found[0]
+    details = finding.details
+    assert first_step == details["high_since_step"] + 2 > 300, "three high observations in a row"
+    assert details["consecutive"] == 3 and details["ratio"] >= 10
+    assert details["grad_norm_then"] < details["grad_norm"], "it keeps growing"
+    assert run_steps(GradExplosion(), [{"grad_norm": math.nan}] * 50) == [], "nonfinite_grad's job"
+
+
+def params(*stats: tuple[str, tuple[int, ...], float | None, float | None, float | None], lr: float = 0.1
+           ) -> tuple[ParamStat, ...]:
+    return tuple(ParamStat(name, shape, lr, grad, norm, ratio) for name, shape, grad, norm, ratio in stats)
+
+
+def module(name: str, dead: float, zero: float, rows: int = 32) -> ModuleStat:
+    values = dict.fromkeys(ACTIVATION_FIELDS, 0.0) | {"dead_frac": dead, "zero_frac": zero}
+    return ModuleStat(name, "ReLU", values, rows)
+
+
+def test_nonfinite_gradients_and_weights_are_named_and_loss_nan_is_reported_once() -> None:
+    sample = LayerSample(params(("a.weight", (4, 4), math.inf, 2.0, None),
+                                ("b.weight", (4, 4), 1.0, math.nan, None)))
+    (grads,) = NonFiniteGrads().observe_layers(7, sample, {"loss": 0.5})
+    assert grads.resolved_severity() == "critical" and grads.details["params"] == ["a.weight"]
+    assert NonFiniteGrads().observe_layers(7, sample, {"loss": math.nan}) == (), "the loss's event says it"
+    (weights,) = NonFiniteParams().observe_layers(7, sample, {})
+    assert weights.kind == "nonfinite_param" and weights.details["params"] == ["b.weight"]
+    events, emit = collector()
+    detectors = DetectorSet([NonFiniteLoss()], emit)
+    detectors.observe_step(3, {"loss": 0.4})
+    detectors.observe_step(4, {"loss": math.nan}, LayerSample(sample.params, complete=False))
+    [(step, event)] = events
+    assert (step, event["kind"], event["count"]) == (4, "nonfinite_loss", 1), "one finding, enriched"
+    assert event["details"]["nonfinite_grads"] == ["a.weight"] and event["details"]["last_finite_loss"] == 0.4
+
+
+def test_vanishing_gradient_compares_the_first_and_last_weights() -> None:
+    detector = VanishingGradient()
+    vanishing = LayerSample(params(
+        ("emb.weight", (1000, 8), 0.0, 1.0, None),  # exactly zero: a cut graph, not vanishing
+        ("0.weight", (16, 8), 1e-9, 1.0, None), ("0.bias", (16,), 1e-9, 1.0, None),
+        ("frozen.weight", (16, 16), None, 1.0, None), ("9.weight", (1, 16), 0.5, 1.0, None),
+    ))
+    assert not detector.observe_layers(1, vanishing, {}), "confirmed on the next sample"
+    (finding,) = detector.observe_layers(2, vanishing, {})
+    assert (finding.details["first_layer"], finding.details["last_layer"]) == ("0.weight", "9.weight")
+    assert finding.details["first_to_last"] < 1e-3 and "0.weight" in finding.message
+    healthy = LayerSample(params(("0.weight", (16, 8), 0.02, 1.0, None),
+                                 ("9.weight", (1, 16), 0.5, 1.0, None)))
+    assert not detector.observe_layers(3, healthy, {}) and not detector.observe_layers(4, vanishing, {})
+
+
+def test_update_ratio_flags_a_jump_but_not_warmup_frozen_layers_or_convergence() -> None:
+    detector = UpdateRatio()
+    steady = [("w", (8, 8), 1.0, 4.0, 1e-3), ("b", (8,), 1.0, 0.1, 0.5), ("frozen", (8, 8), None, 4.0, None)]
+    for step in range(1, 7):
+        assert detector.observe_layers(step, LayerSample(params(*steady)), {}) == [], "biases are not judged"
+    (finding,) = detector.observe_layers(7, LayerSample(params(("w", (8, 8), 1.0, 4.0, 0.1))), {"lr": 0.1})
+    assert finding.kind == "update_ratio" and finding.details["direction"] == "high"
+    assert finding.details["params"]["w"]["typical"] == pytest.approx(1e-3) and "100x" in finding.message
+    warmup = UpdateRatio()
+    for step, ratio in enumerate([1e-9, 1e-7, 1e-5, 1e-4, 2e-4, 3e-4, 4e-4], start=1):
+        lr = 0.0 if step == 1 else 1e-3 * step / 7
+        sample = LayerSample(params(("w", (8, 8), 1.0, 4.0, ratio), lr=lr))
+        assert warmup.observe_layers(step, sample, {}) == []
+    too_big = UpdateRatio().observe_layers(1, LayerSample(params(("w", (8, 8), 1.0, 1.0, 20.0))), {})
+    assert [f.details["direction"] for f in too_big] == ["high"], "SageMaker: above 10 at once"
+
+
+def test_update_ratio_flags_updates_that_vanish_but_not_a_converged_or_noop_step() -> None:
+    swallowed = LayerSample(params(("w", (8, 8), 1.0, 1.0, 1e-10), lr=0.1))  # lr*g/w = 0.1
+    detector = UpdateRatio()
+    assert detector.observe_layers(1, swallowed, {}) == []
+    (finding,) = detector.observe_layers(2, swallowed, {})
+    assert finding.details["direction"] == "low" and finding.key == "low"
+    converged = LayerSample(params(("w", (8, 8), 1e-12, 1.0, 1e-13), lr=0.1))
+    noop = LayerSample(params(("w", (8, 8), 1.0, 1.0, 0.0), lr=0.1))
+    quiet = UpdateRatio()
+    assert all(quiet.observe_layers(s, sample, {}) == [] for s, sample in enumerate([converged, noop] * 3))
+
+
+def test_dead_activations_need_enough_rows_unless_everything_is_zero() -> None:
+    detector = DeadActivations()
+    healthy = LayerSample((), (module("1", 0.02, 0.5), module("3", 0.05, 0.6)))
+    assert not detector.observe_layers(1, healthy, {})
+    dead = LayerSample((), (module("1", 0.9, 0.95), module("3", 0.8, 0.9)))
+    (finding,) = detector.observe_layers(2, dead, {})
+    assert set(finding.details["modules"]) == {"1", "3"} and finding.message.startswith("1 (ReLU)")
+    one_sample = LayerSample((), (module("1", 0.75, 0.75, rows=1),))
+    assert not DeadActivations().observe_layers(1, one_sample, {}), "a batch of one says little"
+    all_zero = LayerSample((), (module("1", 1.0, 1.0, rows=1),))
+    assert len(DeadActivations().observe_layers(1, all_zero, {})) == 1
+
+
+def test_layer_detectors_skip_partial_samples_without_ageing_their_episodes() -> None:
+    events, emit = collector()
+    detectors = DetectorSet([NonFiniteParams()], emit, min_update_s=0.0)
+    bad = LayerSample(params(("w", (2, 2), 1.0, math.nan, None)))
+    detectors.observe_step(10, {"loss": 1.0}, bad)
+    for step in range(11, 20):  # gradients-only samples of steps whose gradient norm was not finite
+        detectors.observe_step(step, {"loss": 1.0}, LayerSample(params(("w", (2, 2), math.nan, None, None)),
+                                                                 complete=False))
+    detectors.observe_step(20, {"loss": 1.0}, bad)
+    assert [(b["id"], b["count"]) for _, b in events] == [("0-0", 1), ("0-0", 2)], "one episode"
+
+
+# -- speed and memory ----------------------------------------------------------------------------
+
+
+def steps_of(times: list[float], **extra: float) -> list[dict[str, float]]:
+    return [{"step_time": t, **extra} for t in times]
+
+
+def test_throughput_drop_fires_on_a_lasting_drop_only() -> None:
+    rng = random.Random(1)
+    normal = [0.05 * math.exp(rng.gauss(0, 0.1)) for _ in range(200)]
+    evaluations = [5.0 if i % 50 == 49 else t for i, t in enumerate(normal)]  # an eval pause every 50
+    assert run_steps(ThroughputDrop(), steps_of(evaluations)) == []
+    blip = normal[:100] + [0.15] * 10 + normal[100:]  # 1.5 s of slow steps, not a whole window
+    assert run_steps(ThroughputDrop(), steps_of(blip)) == []
+    drop = normal[:100] + [0.12] * 60
+    found = run_steps(ThroughputDrop(), steps_of(drop))
+    assert found and 110 <= found[0][0] <= 125
+    details = found[0][1].details
+    assert details["ratio"] == pytest.approx(0.05 / 0.12, rel=0.1) and details["metric"] == "steps_per_s"
+    fast_blip = [0.001] * 100 + [0.004] * 30 + [0.001] * 20  # 2 ms of a millisecond loop: noise
+    assert run_steps(ThroughputDrop(), steps_of(fast_blip)) == []
+
+
+def test_periodic_evaluation_pauses_are_one_info_episode() -> None:
+    events, emit = collector()
+    detectors = DetectorSet([StepTimeOutlier(), ThroughputDrop()], emit, min_update_s=0.0)
+    rng = random.Random(2)
+    for step in range(1, 501):
+        pause = step % 100 == 0
+        detectors.observe_step(step, {"step_time": 3.0 if pause else 0.05 * math.exp(rng.gauss(0, 0.2))})
+    assert {b["kind"] for _, b in events} == {"step_time_outlier"}
+    assert {b["severity"] for _, b in events} == {"info"} and len({b["id"] for _, b in events}) == 1
+    assert events[-1][1]["count"] == 5
+
+
+def test_data_bottleneck_needs_most_steps_of_the_window() -> None:
+    healthy = [{"step_time": 0.02, "data_time": 0.002}] * 40
+    one_slow = [*healthy[:30], {"step_time": 0.5, "data_time": 0.48}, *healthy[:20]]
+    assert run_steps(DataBottleneck(), one_slow) == []
+    starving = healthy[:30] + [{"step_time": 0.03, "data_time": 0.021}] * 20
+    found = run_steps(DataBottleneck(), starving)
+    assert found[0][0] == 41, "from the 11th slow step the median is over the line"
+    assert found[0][1].details["data_share"] == pytest.approx(0.7)
+
+
+def test_memory_growth_fires_on_a_steady_climb_not_on_warmup_or_a_step_up() -> None:
+    mib = 1024 * 1024
+    warmup = [300 * mib + 40 * mib * min(s, 20) / 20 for s in range(40)]  # allocators filling up
+    plateau = [warmup[-1] + (100 * mib if s >= 60 else 0) for s in range(40, 200)]  # first eval: +100 MiB
+    series = [{"host_mem_bytes": v} for v in warmup + plateau]
+    assert run_steps(MemoryGrowth(), series) == []
+    leak = [{"host_mem_bytes": 340 * mib + 5 * mib * s, "cuda_mem_allocated": 1e9} for s in range(60)]
+    found = run_steps(MemoryGrowth(), leak)
+    first_step, finding = found[0]
+    assert 30 <= first_step <= 40 and finding.key == "host_mem_bytes"
+    assert finding.details["bytes_per_step"] == pytest.approx(5 * mib)
+    cuda_leak = [{"cuda_mem_allocated": 2e9 + 2e8 * s} for s in range(40)]
+    assert {f.key for _, f in run_steps(MemoryGrowth(), cuda_leak)} == {"cuda_mem_allocated"}
+
+
+# -- GPU utilisation -----------------------------------------------------------------------------
+
+
+def test_gpu_low_util_judges_only_samples_taken_while_training() -> None:
+    detector = GpuLowUtil(window=10)
+    idle = [gpu(0, 0.0), gpu(1, 0.0)]
+    assert all(detector.observe_gpu(None, idle) == () for _ in range(30)), "before the first step"
+    assert all(detector.observe_gpu(5, idle) == () for _ in range(30)), "a pause: the step does not move"
+    starved = [gpu(0, 30.0), gpu(1, 35.0), gpu(2, 0.0)]  # GPU 2 is not used by this job
+    found = [detector.observe_gpu(step, starved) for step in range(6, 20)]
+    assert found[:9] == [()] * 9, "a full window first"
+    (finding,) = found[9]
+    assert finding.details["p95"] == {"0": 30.0, "1": 35.0} and "GPU 1 35%" in finding.message
+    busy = GpuLowUtil(window=10)
+    one_idle = [gpu(0, 95.0), gpu(1, 10.0)]
+    assert all(busy.observe_gpu(step, one_idle) == () for step in range(1, 30)), "gpu_imbalance's"

@@ -333,3 +333,115 @@ def test_bad_arguments_fail_at_once_with_a_clear_error() -> None:
     with pytest.raises(ValueError, match="status must be one of"):
         mon.close("done")
     mon.close("completed")
+
+
+# -- invariants and per-layer samples through the Monitor ------------------------------------------
+
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def mlp_task(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, Batches]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    g = torch.Generator().manual_seed(seed)
+    batches = [(torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(30)]
+    return model, torch.optim.SGD(model.parameters(), lr=0.02), batches
+
+
+def test_invariants_are_published_and_their_violations_are_one_episode(tmp_path: Path) -> None:
+    model, optimizer, batches = mlp_task()
+    record = tmp_path / "inv.jsonl"
+    with Monitor(model, optimizer, run="inv", record=record, gpu="none", config={"lr": 0.02}, seed=3) as mon:
+        for step, (x, y) in enumerate(batches, start=1):
+            if step <= 5:  # from step 6 on, zero_grad() is forgotten
+                optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+    messages = messages_in(record)
+    statuses = of_type(messages, "invariant")
+    assert {"grads_cleared", "optimizer_changes_params", "params_receive_grads"} <= {m["name"] for m in statuses}
+    cleared = [m for m in statuses if m["name"] == "grads_cleared"]
+    assert cleared[0]["status"] == "unchecked" and cleared[-1]["status"] == "violated"
+    events = [e for e in of_type(messages, "event") if e["kind"] == "stale_gradients"]
+    assert len({e["id"] for e in events}) == 1, "re-reports fold into the episode"
+    first = events[0]
+    assert first["severity"] == "critical" and 6 <= first["step"] <= 12, "Monitor steps, from the fault on"
+    assert cleared[-1]["step"] == first["step"]
+    replay = first["details"]["replay"]
+    assert (replay["run"], replay["rank"], replay["seed"], replay["step"]) == ("inv", 0, 3, first["step"])
+    assert replay["config_hash"] == of_type(messages, "run_start")[0]["repro"]["config_hash"]
+
+
+def test_invariants_and_samples_can_be_switched_off(tmp_path: Path) -> None:
+    model, optimizer, batches = mlp_task()
+    record = tmp_path / "off.jsonl"
+    with Monitor(model, optimizer, run="off", record=record, gpu="none", invariants=False,
+                 stats=False) as mon:
+        for x, y in batches[:12]:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+    messages = messages_in(record)
+    assert not of_type(messages, "invariant")
+    assert not any("layers" in m for m in of_type(messages, "metrics"))
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks, "no hooks"
+
+
+def test_a_monitor_built_inside_the_first_step_numbers_invariant_events_like_steps(tmp_path: Path) -> None:
+    """What ``tuimon run`` does: no model, the Monitor created in the first optimizer step's post-hook."""
+    model, optimizer, batches = mlp_task()
+    record = tmp_path / "zero.jsonl"
+    monitors: list[Monitor] = []
+
+    def after_step(opt: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        if not monitors:
+            monitors.append(Monitor(None, opt, run="zero", record=record, gpu="none"))
+        monitors[0].step(None)
+
+    handle = torch.optim.Optimizer.register_step_post_hook(optimizer, after_step)
+    for step, (x, y) in enumerate(batches, start=1):
+        if step <= 10:
+            optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    handle.remove()
+    monitors[0].close()
+    messages = messages_in(record)
+    [event] = [e for e in of_type(messages, "event") if e["kind"] == "stale_gradients"]
+    assert 11 <= event["step"] <= 17, "the fault starts at step 11 in the Monitor's numbering too"
+    assert [m["step"] for m in of_type(messages, "metrics")] == list(range(1, 31))
+
+
+def test_a_second_optimizer_joins_the_samples_and_the_invariants(tmp_path: Path) -> None:
+    generator, discriminator = torch.nn.Linear(4, 2), torch.nn.Linear(2, 1)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=1e-3)
+    record = tmp_path / "gan.jsonl"
+    with Monitor(torch.nn.ModuleDict({"G": generator, "D": discriminator}), opt_d, run="gan", record=record,
+                 gpu="none") as mon:
+        mon.add_optimizer(opt_g)
+        for _ in range(12):
+            fake = generator(torch.randn(8, 4))
+            opt_d.zero_grad()
+            softplus = torch.nn.functional.softplus
+            d_loss = softplus(discriminator(fake.detach())).mean() + softplus(-discriminator(torch.randn(8, 2))).mean()
+            d_loss.backward()
+            opt_d.step()
+            mon.step(d_loss)
+            opt_g.zero_grad()
+            (-discriminator(fake).mean()).backward()
+            opt_g.step()
+    messages = messages_in(record)
+    layers = [m["layers"] for m in of_type(messages, "metrics") if "layers" in m][-1]["params"]
+    ratios = dict(zip(layers["name"], layers["update_ratio"], strict=True))
+    assert set(ratios) == {"D.weight", "D.bias", "G.weight", "G.bias"}
+    assert ratios["G.weight"] is not None and ratios["D.weight"] is not None, "both optimizers measured"
+    final = {m["name"]: m for m in of_type(messages, "invariant")}
+    assert final["params_receive_grads"]["status"] == "ok"
+    assert "4 trainable parameters" in final["optimizer_owns_trainables"]["message"]
+    assert not [e for e in of_type(messages, "event") if e["severity"] != "info"]

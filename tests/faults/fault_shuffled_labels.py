@@ -12,13 +12,13 @@ def train(run: Run) -> None:
     model = mlp((16, 64, 64, 10))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     run.watch([optimizer], model)
-    for _, batch in labelled(135, shuffle_labels=True):
+    for _, batch in labelled(160, shuffle_labels=True):
         optimizer.zero_grad()
         classify(model, batch)
         optimizer.step()
 
 
-CASE = Case("fault_shuffled_labels", train, expect=("loss_plateau",), trigger=0, within=120)
+CASE = Case("fault_shuffled_labels", train, expect=("loss_plateau",), trigger=0, within=150)
 
 if __name__ == "__main__":
     raise SystemExit(main(CASE))

@@ -24,7 +24,7 @@ _LEGEND = """\
   received    messages read (live frames or recording lines)
   malformed   skipped as not valid tuimon protocol, with the last reason (and line, in a replay)
   gaps        messages lost on the way, from missing sequence numbers
-  drops       messages the publisher did not send because no viewer kept up (from heartbeats)
+  drops       messages the publisher never sent: its queue was full (from heartbeats)
 """
 
 
