@@ -7,6 +7,7 @@ samples them, so these run there only.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -176,24 +177,28 @@ class GpuLowUtil(Detector):
 
     SageMaker's LowGPUUtilization profiler rule: the 95th percentile of utilization below
     ``p95`` (70 %) over a window (``window`` samples, 60: a minute at the default 1 Hz). Judged
-    on samples taken while steps advance only: before the first step (start-up, data loading,
-    compilation), during a pause (evaluation, checkpoint) and after the last step the GPUs are
-    idle by design. GPUs this job does not use (0 % busy in every sample) are left out; one GPU
-    idle among busy ones is :class:`GpuImbalance`'s. One finding for the node, naming the GPUs.
+    on samples taken while steps come: a sample counts when a step happened within
+    ``max(idle_after_s, 3 x the usual time between steps)`` (2 s), so start-up before the first
+    step (data loading, compilation), pauses (evaluation, checkpoints) and the end of the run,
+    when the GPUs are idle by design, do not. GPUs this job does not use (0 % busy in every
+    sample) are left out; one GPU idle among busy ones is :class:`GpuImbalance`'s. One finding
+    for the node, naming the GPUs.
     """
 
     quiet_to_close = 10
 
-    def __init__(self, p95: float = 70.0, window: int = 60) -> None:
+    def __init__(self, p95: float = 70.0, window: int = 60, idle_after_s: float = 2.0) -> None:
         self.p95 = p95
         self.window = window
+        self.idle_after_s = idle_after_s
         self._history: dict[int, deque[float]] = {}
         self._last_step: int | None = None
+        self._step_at = 0.0
+        self._interval: float | None = None
 
     def observe_gpu(self, step: int | None, devices: Devices) -> Sequence[Finding]:
-        previous, self._last_step = self._last_step, step
-        if step is None or previous is None or step <= previous:
-            return ()  # not training right now
+        if not self._training(step, time.monotonic()):
+            return ()
         for device in devices:
             util = device.get("util")
             if util is not None:
@@ -226,3 +231,14 @@ class GpuLowUtil(Detector):
                 },
             ),
         )
+
+    def _training(self, step: int | None, now: float) -> bool:
+        """Whether steps are coming now (the same rule as the simulated source's load)."""
+        if step is None:
+            return False
+        if step != self._last_step:
+            if self._last_step is not None:
+                gap = now - self._step_at
+                self._interval = gap if self._interval is None else 0.8 * self._interval + 0.2 * gap
+            self._last_step, self._step_at = step, now
+        return now - self._step_at <= max(self.idle_after_s, 3 * (self._interval or 0.0))

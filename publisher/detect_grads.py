@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from publisher.findings import Detector, Finding, Metrics, Streak, fmt, where
 from publisher.invariants.core import name_list
-from publisher.tensorstats import LayerSample, ParamStat
+from publisher.layer_sample import LayerSample, ParamStat
 
 
 def _rms(param: ParamStat) -> float | None:

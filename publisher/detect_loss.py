@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from publisher.findings import Detector, Finding, Metrics, fmt, where
 from publisher.invariants.core import name_list
-from publisher.tensorstats import LayerSample
+from publisher.layer_sample import LayerSample
 
 
 class NonFiniteLoss(Detector):

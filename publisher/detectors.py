@@ -40,8 +40,8 @@ from publisher.detect_loss import LossPlateau, LossSpike, NonFiniteLoss
 from publisher.detect_speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.findings import Detector, Devices, Finding, Metrics, overrides
 from publisher.jsonsafe import json_safe
+from publisher.layer_sample import LayerSample
 from publisher.protocol import SEVERITIES
-from publisher.tensorstats import LayerSample
 
 __all__ = [
     "DataBottleneck",

@@ -3,7 +3,7 @@
 Kept apart from the detectors themselves (``publisher.detect_*``) and from the episode logic
 (``publisher.detectors``) so that every detector module depends on this one only. Observations
 are plain numbers: a step's metrics, a GPU reading, or a sampled per-layer
-:class:`~publisher.tensorstats.LayerSample` already fetched to the host.
+:class:`~publisher.layer_sample.LayerSample` already fetched to the host.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from publisher.event_kinds import EVENT_KINDS
 
 if TYPE_CHECKING:
-    from publisher.tensorstats import LayerSample
+    from publisher.layer_sample import LayerSample
 
 Metrics = Mapping[str, float]
 Devices = Sequence[Mapping[str, Any]]

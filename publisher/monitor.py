@@ -40,9 +40,10 @@ from publisher.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_sourc
 from publisher.invariant_link import InvariantLink
 from publisher.invariants import InvariantConfig
 from publisher.jsonsafe import json_safe
+from publisher.layer_sample import LayerSample, SampleLayout
 from publisher.memory import DEFAULT_INTERVAL_S, MemoryReader
 from publisher.protocol import RUN_END_STATUSES, SEVERITIES, wire_numbers
-from publisher.tensorstats import GradNormer, GradNorms, LayerSample, LayerSampler, SampleLayout, StatsConfig
+from publisher.tensorstats import GradNormer, GradNorms, LayerSampler, StatsConfig
 from publisher.transport import Publisher, end_status
 
 log = logging.getLogger(__name__)
@@ -282,15 +283,21 @@ class Monitor:
             metrics["loss"] = float(loss)
         grads = None
         if "grad_norm" not in extra and self._params:
-            grads = self._grad_normer(self._current_params()) if sampling else self._budgeted_grad_norm()
+            try:
+                grads = self._grad_normer(self._current_params()) if sampling else self._budgeted_grad_norm()
+            except Exception as exc:  # a broken measurement costs itself, not the step's metrics
+                self._telemetry_failed("gradient norm", exc)
             if grads is not None:
                 self._read("grad_norm", grads.total, metrics, waiting)
         optimizer = self._optimizer
         if optimizer is not None:
-            groups = optimizer.param_groups
-            metrics["lr"] = float(groups[0]["lr"])
-            for i in range(1, len(groups)):
-                metrics[f"lr/{i}"] = float(groups[i]["lr"])
+            for i, group in enumerate(optimizer.param_groups):
+                lr = group["lr"]
+                name = f"lr/{i}" if i else "lr"
+                if isinstance(lr, torch.Tensor):  # capturable optimizers keep it on the device
+                    self._read(name, lr, metrics, waiting)
+                else:
+                    metrics[name] = float(lr)
         previous = self._last_step_at
         self._last_step_at = now
         if previous is not None:
@@ -321,8 +328,11 @@ class Monitor:
         layout = None
         if sampling:
             assert layers is not None
-            parts, layout = layers.collect(grads)
-            arrays += parts
+            try:
+                parts, layout = layers.collect(grads)
+                arrays += parts
+            except Exception as exc:
+                self._telemetry_failed("per-layer sample", exc)
         # Arrays live where the parameters do: the first one tells.
         if waiting or self._fetch.queue or (arrays and not arrays[0].is_cpu):
             names = [name for name, _ in waiting]

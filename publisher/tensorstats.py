@@ -30,9 +30,9 @@ import fnmatch
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,15 +40,10 @@ from torch import nn
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import CostMeter, ParamNamer, flat_sample, sample_stride, stack_on, unwrap
 from publisher.invariants.discovery import RootDiscovery
-from publisher.protocol import wire_number
+from publisher.layer_sample import SampleLayout, spread
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-#: The statistics of a module's output, in the order :func:`activation_stats` computes them.
-ACTIVATION_FIELDS = ("min", "max", "mean", "std", "nan", "inf", "zero_frac", "dead_frac")
-#: The per-parameter numbers of a sample.
-PARAM_FIELDS = ("grad_norm", "param_norm", "update_ratio")
 #: Module types whose outputs say nothing about the model's health (zeros by design, pass-through).
 _SKIPPED_MODULES = (nn.modules.dropout._DropoutNd, nn.Identity)
 
@@ -88,104 +83,6 @@ class StatsConfig:
         object.__setattr__(self, "modules", tuple(self.modules))
 
 
-# --------------------------------------------------------------------------- host-side results
-
-
-@dataclass(frozen=True, slots=True)
-class ParamStat:
-    """One trained parameter in a sample. None: not measured (no gradient, no step, zero weights)."""
-
-    name: str
-    shape: tuple[int, ...]
-    lr: float | None
-    grad_norm: float | None
-    param_norm: float | None = None
-    update_ratio: float | None = None
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleStat:
-    """Statistics of one module's output in a training forward of a sampled step."""
-
-    name: str
-    type: str
-    values: dict[str, float]  # ACTIVATION_FIELDS -> value
-    rows: int  # values per unit behind ``dead_frac`` (batch x positions)
-
-
-@dataclass(frozen=True)
-class LayerSample:
-    """What one sample found, on the host. ``complete`` False: gradients only (a step whose
-    gradient norm was not finite, sampled to say where)."""
-
-    params: tuple[ParamStat, ...]
-    modules: tuple[ModuleStat, ...] = ()
-    complete: bool = True
-
-    def nonfinite(self, field: str) -> list[str]:
-        """Names of the parameters whose ``field`` (``grad_norm``, ``param_norm``) is NaN or Inf."""
-        names = []
-        for p in self.params:
-            value = getattr(p, field)
-            if value is not None and not math.isfinite(value):
-                names.append(p.name)
-        return names
-
-    def totals(self) -> dict[str, float]:
-        """Global ``param_norm`` and ``update_ratio`` (|dw| / |w| of the whole model, estimated from
-        each parameter's ratio weighted by its norm), as extra step metrics."""
-        totals: dict[str, float] = {}
-        norms = [p.param_norm for p in self.params if p.param_norm is not None]
-        if norms:
-            totals["param_norm"] = math.sqrt(math.fsum(n * n for n in norms))
-        moved = [(p.update_ratio * p.param_norm, p.param_norm) for p in self.params
-                 if p.update_ratio is not None and p.param_norm is not None and math.isfinite(p.update_ratio)]
-        weight = math.fsum(w * w for _, w in moved)
-        if weight > 0:
-            totals["update_ratio"] = math.sqrt(math.fsum(d * d for d, _ in moved) / weight)
-        return totals
-
-    def payload(self, limit: int) -> dict[str, Any]:
-        """The wire form: the ``layers`` field of a ``metrics`` message (docs/protocol.md).
-
-        Columns rather than one object per layer (the names once, then one list per statistic):
-        a third of the bytes, and a sample of a big model stays a few kilobytes. At most ``limit``
-        parameters and ``limit`` modules, spread evenly over the model (first and last kept).
-        """
-        params, modules = spread(self.params, limit), spread(self.modules, limit)
-        body: dict[str, Any] = {
-            "complete": self.complete,
-            "params": {
-                "name": [p.name for p in params],
-                "shape": [list(p.shape) for p in params],
-                **{field: [wire_number(getattr(p, field)) for p in params] for field in PARAM_FIELDS},
-            },
-            "modules": {
-                "name": [m.name for m in modules],
-                "type": [m.type for m in modules],
-                "rows": [m.rows for m in modules],
-                **{field: [wire_number(m.values[field]) for m in modules] for field in ACTIVATION_FIELDS},
-            },
-        }
-        dropped = len(self.params) - len(params) + len(self.modules) - len(modules)
-        if dropped:
-            body["truncated"] = dropped
-        return body
-
-
-def spread(items: Sequence[T], limit: int) -> list[T]:
-    """At most ``limit`` of ``items``, evenly spaced, the first and the last always among them."""
-    if len(items) <= limit:
-        return list(items)
-    if limit == 1:
-        return [items[0]]
-    return [items[round(i * (len(items) - 1) / (limit - 1))] for i in range(limit)]
-
-
 # --------------------------------------------------------------------------- device-side measures
 
 
@@ -203,15 +100,20 @@ class GradNorms:
 
 
 def _norm(tensor: torch.Tensor) -> torch.Tensor:
-    """L2 norm in float32 of a dense or sparse tensor (a sparse one: of its coalesced values)."""
+    """L2 norm as float32 of a dense or sparse tensor (a sparse one: of its coalesced values).
+
+    Half-precision tensors are summed in float32 (their own range overflows at 65504), float64
+    ones in float64 (torch refuses to narrow them while reducing).
+    """
     if tensor.is_sparse:
         tensor = tensor.coalesce().values()
-    return torch.linalg.vector_norm(tensor, dtype=torch.float32)
+    wide = tensor.dtype.itemsize >= 4 if tensor.is_floating_point() else True
+    return torch.linalg.vector_norm(tensor, dtype=None if wide else torch.float32).float()
 
 
 class FusedNorms:
-    """Norms of many tensors in one ``_foreach_norm``; tensors on several devices or sparse
-    tensors take a per-tensor path, chosen once when the fused one fails."""
+    """Norms of many tensors in one ``_foreach_norm``; tensors on several devices, sparse or
+    float64 tensors take a per-tensor path, chosen once when the fused one fails."""
 
     def __init__(self) -> None:
         self._per_tensor = False
@@ -242,7 +144,7 @@ class GradNormer:
 
 
 def activation_stats(output: torch.Tensor) -> torch.Tensor:
-    """The :data:`ACTIVATION_FIELDS` of one tensor as a float32 vector on its device.
+    """The :data:`~publisher.layer_sample.ACTIVATION_FIELDS` of one tensor, a float32 vector on its device.
 
     ``dead_frac`` is the share of units whose output is zero for every one of the values each
     unit produced (samples of the batch, positions: :func:`rows_per_unit`): DeepDiagnosis's dead
@@ -442,9 +344,10 @@ class LayerSampler:
     """Decides which steps are sampled, arms the probes before them and assembles each sample.
 
     Protocol with the :class:`~publisher.monitor.Monitor`, once per ``Monitor.step``: if
-    :attr:`sampling`, :meth:`collect` returns the device tensors to fetch and a function that
-    turns their host copies into a :class:`LayerSample`; then :meth:`advance` moves the schedule
-    on and arms the probes for the next sampled step. Without a model (zero-code runs) the model
+    :attr:`sampling`, :meth:`collect` returns the device tensors to fetch and the
+    :class:`~publisher.layer_sample.SampleLayout` that turns their host copies into a
+    :class:`~publisher.layer_sample.LayerSample`; then :meth:`advance` moves the schedule on and
+    arms the probes for the next sampled step. Without a model (zero-code runs) the model
     is found at a forward, as the invariant checker does (:class:`RootDiscovery`).
     """
 
@@ -463,7 +366,9 @@ class LayerSampler:
         self._calls = 0
         self._next = 1
         self._spent_at_last = 0
-        self._cost: float | None = None
+        self._cost: float | None = None  # seconds a sample costs, moving average
+        self._step_time: float | None = None  # seconds an ordinary step takes, moving average
+        self._after_sample = False
         self._norms = FusedNorms()
         self._namer = ParamNamer()
         self._roots: list[tuple[str, nn.Module]] = []
@@ -506,7 +411,7 @@ class LayerSampler:
 
     def collect(self, grads: GradNorms | None) -> tuple[list[torch.Tensor], SampleLayout]:
         """Queue this step's measurements on the device: the tensors to fetch, and the layout that
-        turns their host copies (with the step's gradient norms) into a :class:`LayerSample`."""
+        turns their host copies (with the step's gradient norms) into a sample."""
         with self._meter, torch.no_grad():
             params = self._params()
             layout = self._layout(params, grads)
@@ -535,8 +440,21 @@ class LayerSampler:
                             grads.indices if grads is not None else None)
 
     def advance(self, step_time: float) -> None:
-        """After each ``Monitor.step``: choose the next sampled step and arm the probes for it."""
+        """After each ``Monitor.step``: choose the next sampled step and arm the probes for it.
+
+        ``step_time`` is the time since the previous step. The budget is judged against a moving
+        average of ordinary steps only: a sampled step and the one after it carry the sample's
+        own cost, which would otherwise loosen the budget it is held to; a pause (an evaluation,
+        a checkpoint) counts as at most 3 ordinary steps.
+        """
         self._calls += 1
+        if not self.sampling and not self._after_sample and step_time > 0:
+            typical = self._step_time
+            if typical is None:
+                self._step_time = step_time
+            else:
+                self._step_time = typical + 0.1 * (min(step_time, 3 * typical) - typical)
+        self._after_sample = self.sampling
         if self.sampling:
             spent = self._meter.spent_ns
             cost = (spent - self._spent_at_last) / 1e9
@@ -544,7 +462,7 @@ class LayerSampler:
             # The first samples pay one-off set-up (allocator, kernels): not a measure of the cost.
             if self._calls > 2:
                 self._cost = cost if self._cost is None else self._cost + 0.2 * (cost - self._cost)
-            self._next = self._calls + self._gap(step_time)
+            self._next = self._calls + self._gap(self._step_time or step_time)
         self.sampling = self._calls + 1 == self._next
         discovery = self._discovery
         if discovery is not None and not discovery.finished and (
@@ -604,49 +522,3 @@ class LayerSampler:
                 for p in group["params"]:
                     lr_of.setdefault(id(p), value)
         return [lr_of.get(id(p)) for p in params]
-
-
-@dataclass
-class SampleLayout:
-    """Host-side description of a sample's device tensors: which parameter or module each number
-    belongs to. ``updated``: per optimizer that stepped, the positions of its parameters."""
-
-    names: list[str]
-    shapes: list[tuple[int, ...]]
-    lrs: list[float | None]
-    has_grads: bool
-    grad_indices: list[int] | None
-    floating: list[int] = field(default_factory=list)
-    updated: list[list[int]] = field(default_factory=list)
-    modules: list[tuple[str, str, int]] = field(default_factory=list)
-    complete: bool = True
-
-    def decode(self, grad_norms: torch.Tensor | None, parts: Sequence[torch.Tensor]) -> LayerSample:
-        """The sample from host copies: the step's per-parameter gradient norms and the tensors
-        :meth:`LayerSampler.collect` returned, in order."""
-        n = len(self.names)
-        grad: list[float | None] = [None] * n
-        if self.has_grads and grad_norms is not None:
-            positions = range(n) if self.grad_indices is None else self.grad_indices
-            for i, value in zip(positions, grad_norms.tolist(), strict=True):
-                grad[i] = value
-        norm: list[float | None] = [None] * n
-        ratio: list[float | None] = [None] * n
-        rest = iter(parts)
-        if self.floating:
-            for i, value in zip(self.floating, next(rest).tolist(), strict=True):
-                norm[i] = value
-        for positions in self.updated:
-            for i, value in zip(positions, next(rest).tolist(), strict=True):
-                if i >= 0 and not math.isnan(value):
-                    ratio[i] = value
-        modules: list[ModuleStat] = []
-        if self.modules:
-            flat = next(rest).reshape(-1).tolist()
-            width = len(ACTIVATION_FIELDS)
-            for k, (name, kind, rows) in enumerate(self.modules):
-                values = dict(zip(ACTIVATION_FIELDS, flat[k * width:(k + 1) * width], strict=True))
-                modules.append(ModuleStat(name, kind, values, rows))
-        params = tuple(ParamStat(self.names[i], self.shapes[i], self.lrs[i], grad[i], norm[i], ratio[i])
-                       for i in range(n))
-        return LayerSample(params, tuple(modules), self.complete)

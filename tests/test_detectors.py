@@ -37,7 +37,7 @@ from publisher.detectors import (
 )
 from publisher.event_kinds import EVENT_KINDS
 from publisher.gpu import SimulatedSource
-from publisher.tensorstats import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
+from publisher.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
 
 Event = tuple[int | None, dict[str, Any]]
 
@@ -509,15 +509,21 @@ def test_memory_growth_fires_on_a_steady_climb_not_on_warmup_or_a_step_up() -> N
 
 
 def test_gpu_low_util_judges_only_samples_taken_while_training() -> None:
-    detector = GpuLowUtil(window=10)
+    detector = GpuLowUtil(window=10, idle_after_s=0.05)
     idle = [gpu(0, 0.0), gpu(1, 0.0)]
     assert all(detector.observe_gpu(None, idle) == () for _ in range(30)), "before the first step"
-    assert all(detector.observe_gpu(5, idle) == () for _ in range(30)), "a pause: the step does not move"
     starved = [gpu(0, 30.0), gpu(1, 35.0), gpu(2, 0.0)]  # GPU 2 is not used by this job
-    found = [detector.observe_gpu(step, starved) for step in range(6, 20)]
+    found = [detector.observe_gpu(step // 2, starved) for step in range(12, 32)]  # 2 samples a step
     assert found[:9] == [()] * 9, "a full window first"
     (finding,) = found[9]
     assert finding.details["p95"] == {"0": 30.0, "1": 35.0} and "GPU 1 35%" in finding.message
+    paused = GpuLowUtil(window=10, idle_after_s=0.05)
+    low = [gpu(0, 5.0), gpu(1, 5.0)]
+    paused.observe_gpu(1, low)
+    time.sleep(0.06)  # an evaluation: the step does not move, the GPUs idle
+    assert all(paused.observe_gpu(1, low) == () for _ in range(30))
+    slow_steps = GpuLowUtil(window=10, idle_after_s=10.0)  # the same samples within a long step: counted
+    assert [len(slow_steps.observe_gpu(1, low)) for _ in range(10)] == [0] * 9 + [1]
     busy = GpuLowUtil(window=10)
     one_idle = [gpu(0, 95.0), gpu(1, 10.0)]
     assert all(busy.observe_gpu(step, one_idle) == () for step in range(1, 30)), "gpu_imbalance's"

@@ -6,7 +6,7 @@ import math
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import time
 from pathlib import Path
 
 import pytest
@@ -16,20 +16,6 @@ from publisher_client import Message, receive_until, request_snapshot, subscribe
 
 from publisher.monitor import Monitor
 from publisher.protocol import decode, read_number
-
-
-@pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "runtime"
-    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 class Regression:
@@ -362,7 +348,8 @@ def test_invariants_are_published_and_their_violations_are_one_episode(tmp_path:
             mon.step(loss)
     messages = messages_in(record)
     statuses = of_type(messages, "invariant")
-    assert {"grads_cleared", "optimizer_changes_params", "params_receive_grads"} <= {m["name"] for m in statuses}
+    names = {m["name"] for m in statuses}
+    assert {"grads_cleared", "optimizer_changes_params", "params_receive_grads"} <= names
     cleared = [m for m in statuses if m["name"] == "grads_cleared"]
     assert cleared[0]["status"] == "unchecked" and cleared[-1]["status"] == "violated"
     events = [e for e in of_type(messages, "event") if e["kind"] == "stale_gradients"]
@@ -428,8 +415,9 @@ def test_a_second_optimizer_joins_the_samples_and_the_invariants(tmp_path: Path)
         for _ in range(12):
             fake = generator(torch.randn(8, 4))
             opt_d.zero_grad()
+            real_score, fake_score = discriminator(torch.randn(8, 2)), discriminator(fake.detach())
             softplus = torch.nn.functional.softplus
-            d_loss = softplus(discriminator(fake.detach())).mean() + softplus(-discriminator(torch.randn(8, 2))).mean()
+            d_loss = softplus(fake_score).mean() + softplus(-real_score).mean()
             d_loss.backward()
             opt_d.step()
             mon.step(d_loss)
@@ -445,3 +433,22 @@ def test_a_second_optimizer_joins_the_samples_and_the_invariants(tmp_path: Path)
     assert final["params_receive_grads"]["status"] == "ok"
     assert "4 trainable parameters" in final["optimizer_owns_trainables"]["message"]
     assert not [e for e in of_type(messages, "event") if e["severity"] != "info"]
+
+
+def test_simulated_gpus_idle_before_the_first_step_raise_no_low_utilisation(tmp_path: Path) -> None:
+    """GPUs idle while the job starts (data loading, compilation) are not "mostly idle"."""
+    record = tmp_path / "idle.jsonl"
+    model, optimizer, batches = mlp_task()
+    with Monitor(model, optimizer, run="idle", record=record, gpu="simulated", gpu_interval=0.005) as mon:
+        time.sleep(1.0)  # ~200 samples of idle simulated GPUs: more than a full window
+        for x, y in batches[:10]:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+            time.sleep(0.05)
+    messages = messages_in(record)
+    idle = [m for m in of_type(messages, "gpu") if "step" not in m]
+    assert len(idle) > 100 and all(d["util"] < 10 for m in idle for d in m["devices"])
+    assert not [e["kind"] for e in of_type(messages, "event")]

@@ -16,23 +16,17 @@ import torch
 from torch import nn
 
 from publisher.fetch import DeviceFetch
+from publisher.layer_sample import ACTIVATION_FIELDS, spread
 from publisher.memory import MemoryReader
 from publisher.monitor import Monitor
 from publisher.tensorstats import (
-    ACTIVATION_FIELDS,
     GradNormer,
     LayerSampler,
     StatsConfig,
     activation_stats,
     default_modules,
     rows_per_unit,
-    spread,
 )
-
-
-@pytest.fixture(autouse=True)
-def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(tmp_path / "runtime"))
 
 
 def mlp(seed: int = 0) -> nn.Sequential:
@@ -312,3 +306,21 @@ def test_the_hot_path_never_synchronises_with_the_gpu(tmp_path: Path) -> None:
     assert all(isinstance(m["metrics"]["loss"], float) and "grad_norm" in m["metrics"] for m in metrics)
     assert metrics[-1]["metrics"]["cuda_mem_allocated"] > 0
     assert any("layers" in m and m["layers"]["modules"]["name"] for m in metrics[3:])
+
+
+def test_a_float64_model_is_measured_like_any_other(tmp_path: Path) -> None:
+    model = mlp().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "run.jsonl"
+    with Monitor(model, optimizer, run="double", record=record, gpu="none", grad_norm_budget=1.0) as mon:
+        for x, y in data(3):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x.double()), y.double())
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+        assert mon.telemetry_errors == 0
+    metrics = [m for m in recorded(record) if m["type"] == "metrics"]
+    reference = math.sqrt(sum(p.grad.norm().item() ** 2 for p in model.parameters()))
+    assert metrics[-1]["metrics"]["grad_norm"] == pytest.approx(reference, rel=1e-5)
+    assert metrics[-1]["layers"]["params"]["param_norm"][0] == pytest.approx(model[0].weight.norm().item())
