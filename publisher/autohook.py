@@ -8,9 +8,10 @@ workers, a helper script) publish nothing.
 
 What is hooked, all through public PyTorch extension points or thin wrappers:
 
-- ``torch.optim.optimizer.register_optimizer_step_post_hook``: every ``optimizer.step()``. The
-  first optimizer to step is the *primary* one; each of its steps is one training step and
-  calls :meth:`Monitor.step`. Other optimizers (a GAN's second one) join the Monitor.
+- ``torch.optim.optimizer.register_optimizer_step_{pre,post}_hook``: every outermost
+  ``optimizer.step()``. The first optimizer to step is the *primary* one; each of its steps is
+  one training step and calls :meth:`Monitor.step`. Other optimizers (a GAN's second one) join
+  the Monitor.
 - ``Tensor.backward``: a scalar tensor that is backpropagated is the loss; the losses since the
   previous step are averaged (gradient accumulation, LBFGS closures).
 - ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``) and its size
@@ -77,6 +78,9 @@ class _Session:
         self.data_time = 0.0
         self.samples = 0
         self.failed = False
+        # step() calls in progress: an optimizer subclass whose step() calls super().step() runs
+        # the global hooks once per level, and only the outermost one is a training step.
+        self.depth = 0
 
     def start_monitor(self, optimizer: Any) -> None:
         from publisher.monitor import Monitor, default_rank
@@ -134,12 +138,19 @@ def _instrument(torch: ModuleType) -> None:
     if getattr(torch, "_tuimon_instrumented", False):
         return
     torch._tuimon_instrumented = True
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: _session.after_optimizer_step(optimizer)
-    )
+    def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        _session.depth += 1
+
+    def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        _session.depth -= 1
+        if _session.depth == 0:
+            _session.after_optimizer_step(optimizer)
+
+    register_optimizer_step_pre_hook(before_step)
+    register_optimizer_step_post_hook(after_step)
 
     original_backward = torch.Tensor.backward
 

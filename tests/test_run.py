@@ -69,6 +69,12 @@ def test_plain_script_is_monitored_without_code_change(tmp_path: Path) -> None:
     assert of_type(msgs, "run_end")[-1]["status"] == "completed"
 
 
+def test_an_optimizer_subclass_calling_super_step_counts_each_step_once(tmp_path: Path) -> None:
+    result, recordings = tuimon_run(tmp_path, "--steps", "20", "--subclass")
+    assert result.returncode == 0, result.stderr
+    assert [m["step"] for m in of_type(messages(recordings[0]), "metrics")] == list(range(1, 21))
+
+
 def test_exit_status_is_the_commands(tmp_path: Path) -> None:
     result, _ = tuimon_run(tmp_path, "--steps", "5", "--exit-code", "3")
     assert result.returncode == 3

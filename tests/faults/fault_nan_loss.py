@@ -1,7 +1,7 @@
 """Fault: intermittent NaN loss. From step 31 on, one record in a few batches holds a NaN (a corrupt
 row in a data shard); the loop skips the update when the loss is not finite, as guarded trainers
 do, so the run "keeps going" and only the logged loss says anything. Expected: ``nonfinite_loss``
-(critical) at the first bad step, one episode per burst.
+(critical) at the first bad step; the later bad steps, close together, fold into that episode.
 """
 
 import torch

@@ -22,7 +22,7 @@ def train(run: Run) -> None:
             time.sleep(STALL_S)
 
 
-CASE = Case("fault_throughput_drop", train, expect=("throughput_drop",), trigger=TRIGGER, within=20)
+CASE = Case("fault_throughput_drop", train, expect=("throughput_drop",), trigger=TRIGGER, within=25)
 
 if __name__ == "__main__":
     raise SystemExit(main(CASE))
