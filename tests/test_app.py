@@ -176,6 +176,9 @@ async def test_replay_keys_pause_speed_and_seek_change_the_screen(recording: Pat
         await wait_for_screen(pilot, lambda: "step 200 " in text(app, "#header"), what="+20 s")
         await pilot.press("left")
         await wait_for_screen(pilot, lambda: "step 100 " in text(app, "#header"), what="-10 s")
+        # Seeking back rebuilds the store; the GPU cards must survive it (they once vanished).
+        await pilot.pause(0.5)
+        assert len(app.query(GpuCard)) == 4
         await pilot.press("plus", "plus")
         await wait_for_screen(pilot, lambda: "PAUSED 4×" in text(app, "#header"), what="4x")
         await pilot.press("minus", "minus", "minus")

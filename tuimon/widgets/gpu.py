@@ -164,17 +164,34 @@ class GpuPanel(VerticalScroll):
 
     def on_mount(self) -> None:
         self.border_title = "GPUs"
-        self.mount(Static("no GPU data yet", classes="gpu-empty"))
+        self._placeholder: Static | None = None
+        self._set_placeholder(True)
+
+    def _set_placeholder(self, shown: bool) -> None:
+        if shown and self._placeholder is None:
+            self._placeholder = Static("no GPU data yet", classes="gpu-empty")
+            self.mount(self._placeholder)
+        elif not shown and self._placeholder is not None:
+            self._placeholder.remove()
+            self._placeholder = None
 
     def reset(self) -> None:
-        """Forget the cards (another run is shown)."""
+        """Another run (or a rebuilt store) is shown: the next :meth:`show` replaces the cards.
+
+        Nothing is removed here: removal completes later, and a card still being removed would
+        be found (and updated, then lost) by a :meth:`show` in the same tick.
+        """
         self.border_subtitle = ""
-        self.remove_children()
-        self.mount(Static("no GPU data yet", classes="gpu-empty"))
 
     def show(self, devices: list[DeviceView], simulated: bool) -> None:
         self.border_title = "GPUs  SIMULATED" if simulated else "GPUs"
-        cards = {card.id: card for card in self.query(GpuCard)}
+        wanted = {f"gpu-{d.rank}-{d.index}" for d in devices}
+        cards = {}
+        for card in self.query(GpuCard):
+            if card.id in wanted:
+                cards[card.id] = card
+            else:
+                card.remove()
         outliers = find_outliers(devices)
         show_rank = len({d.rank for d in devices}) > 1
         names = {_name(d) for d in devices}
@@ -191,7 +208,6 @@ class GpuPanel(VerticalScroll):
             card.update(render_device(device, outliers.get(key), show_rank=show_rank, show_name=show_name))
             card.set_class(key in outliers, "-outlier")
             card.set_class(bool(device.latest.get("throttle")), "-throttled")
-        if devices:
-            self.query(".gpu-empty").remove()
+        self._set_placeholder(not devices)
         if new_cards:
             self.mount_all(new_cards)

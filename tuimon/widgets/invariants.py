@@ -16,7 +16,7 @@ _STATUS = {
     "violated": ("✖ VIOLATED", "bold reverse $error"),
     "unchecked": ("○ not yet checked", "$foreground 60%"),
 }
-_COLUMNS = (("status", 19), ("name", 22), ("step", 8), ("message", None))
+_COLUMNS = (("status", 19), ("name", 22), ("since", 8), ("message", None))
 
 
 def status_label(status: str) -> Content:
@@ -56,7 +56,7 @@ class InvariantTable(RowTable):
             cells = {
                 "status": status_label(record.status),
                 "name": record.name,
-                "step": "—" if record.step is None else f"{record.step:,}",
+                "since": "—" if record.step is None else f"{record.step:,}",
                 "message": record.message,
             }
             old = self._shown.get(record.name)
