@@ -14,22 +14,14 @@ TUIMON = [sys.executable, "-m", "tuimon.cli"]
 
 
 def tuimon_run(tmp_path: Path, *script_args: str, run: str = "plain", script: str = "plain_train.py"):
+    return tuimon_run_command(tmp_path, [sys.executable, str(SCRIPTS / script), *script_args], run=run)
+
+
+def tuimon_run_command(tmp_path: Path, command: list[str], run: str):
+    """``tuimon run --record`` a command as a real subprocess; its result and its recordings."""
     prefix = tmp_path / "rec" / "exp"
     result = subprocess.run(
-        [
-            *TUIMON,
-            "run",
-            "--run",
-            run,
-            "--record",
-            str(prefix),
-            "--gpu",
-            "none",
-            "--",
-            sys.executable,
-            str(SCRIPTS / script),
-            *script_args,
-        ],
+        [*TUIMON, "run", "--run", run, "--record", str(prefix), "--gpu", "none", "--", *command],
         capture_output=True,
         text=True,
         timeout=120,
@@ -98,10 +90,21 @@ def test_nan_loss_is_detected_without_code_change(tmp_path: Path) -> None:
     assert 12 <= events[0]["step"] <= 13
 
 
-def test_spawned_children_report_their_own_rank(tmp_path: Path) -> None:
-    result, recordings = tuimon_run(
-        tmp_path, str(tmp_path / "dist-init"), "8", run="ddp", script="plain_spawn_ddp.py"
-    )
+@pytest.mark.parametrize("launcher", ["mp.spawn", "torchrun"])
+def test_every_training_process_reports_its_own_rank(tmp_path: Path, launcher: str) -> None:
+    if launcher == "mp.spawn":
+        command = [sys.executable, str(SCRIPTS / "plain_spawn_ddp.py"), str(tmp_path / "dist-init"), "8"]
+    else:
+        torchrun = str(Path(sys.executable).with_name("torchrun"))
+        command = [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(SCRIPTS / "plain_torchrun_ddp.py"),
+            "8",
+        ]
+    result, recordings = tuimon_run_command(tmp_path, command, run="ddp")
     assert result.returncode == 0, result.stderr
     assert len(recordings) == 2, "one recording per training process, none for the launcher"
     starts = [of_type(messages(path), "run_start")[0] for path in recordings]
