@@ -22,7 +22,7 @@ from tuimon.kb import mdformat as fmt
 from tuimon.kb import model
 from tuimon.kb.model import ContextRecord, Entry, Incident
 from tuimon.kb.problems import LineError
-from tuimon.kb.runbooks import markdown_parser
+from tuimon.kb.runbooks import block_end, line_of, markdown_parser
 
 _NOT_AN_EXPORT = "expected the field list ('- **ID:** ...') under the title: is this a tuimon export?"
 
@@ -38,22 +38,6 @@ class ParsedIncident:
     context: tuple[ContextRecord, ...]
 
 
-def _line(token: Token) -> int:
-    return (token.map or [0])[0] + 1
-
-
-def _end(tokens: Sequence[Token], start: int) -> int:
-    """Index just past the block opening at ``start``."""
-    if tokens[start].nesting != 1:
-        return start + 1
-    depth = 0
-    for index in range(start, len(tokens)):
-        depth += tokens[index].nesting
-        if depth == 0:
-            return index + 1
-    return len(tokens)
-
-
 def _items(
     tokens: Sequence[Token], start: int, end: int, allowed: dict[str, str]
 ) -> dict[str, tuple[str, int]]:
@@ -62,7 +46,7 @@ def _items(
     for token in tokens[start:end]:
         if token.type != "inline" or token.level != 3:  # list > item > paragraph > inline
             continue
-        line = _line(token)
+        line = line_of(token)
         item = fmt.parse_item(token.content)
         if item is None or item[0] not in allowed:
             raise ParseError(line, f"expected '- **Label:** value' with a label among {', '.join(allowed)}")
@@ -82,14 +66,14 @@ def _checked(line: int, convert: Callable[[], Any]) -> Any:
 
 def _json(token: Token) -> dict[str, Any]:
     if token.info.strip() != "json":
-        raise ParseError(_line(token), "expected a ```json block")
+        raise ParseError(line_of(token), "expected a ```json block")
     try:
         data = json.loads(token.content)
     except ValueError as exc:
         line = getattr(exc, "lineno", 1)
-        raise ParseError(_line(token) + line, f"invalid JSON: {exc}") from None
+        raise ParseError(line_of(token) + line, f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ParseError(_line(token), "the JSON block must hold an object")
+        raise ParseError(line_of(token), "the JSON block must hold an object")
     return data
 
 
@@ -228,8 +212,8 @@ def parse_incident(text: str) -> ParsedIncident:
     index = 0
     while index < len(tokens):
         token = tokens[index]
-        end = _end(tokens, index)
-        line = _line(token)
+        end = block_end(tokens, index)
+        line = line_of(token)
         heading = tokens[index + 1].content.strip() if token.type == "heading_open" else None
         if token.tag == "h1" and heading is not None:
             if section is not None or fields is not None:
@@ -281,7 +265,7 @@ def _read_item_part(
 ) -> None:
     """One block of the Timeline or Context section."""
     token = tokens[index]
-    line = _line(token)
+    line = line_of(token)
     placeholder = fmt.NO_ENTRIES if section == fmt.TIMELINE_SECTION else fmt.NO_CONTEXT
     if token.tag == "h3" and heading is not None:
         parts = heading.split(fmt.HEADING_SEPARATOR, 2)

@@ -102,7 +102,12 @@ def _inline_texts(tokens: Sequence[Token], start: int, end: int) -> list[str]:
     return [token.content for token in tokens[start:end] if token.type == "inline"]
 
 
-def _block_end(tokens: Sequence[Token], start: int) -> int:
+def line_of(token: Token) -> int:
+    """The 1-based source line a block token starts on (problems name it)."""
+    return (token.map or [0])[0] + 1
+
+
+def block_end(tokens: Sequence[Token], start: int) -> int:
     """Index just past the block that opens at ``start`` (its matching close token)."""
     if tokens[start].nesting != 1:
         return start + 1
@@ -119,9 +124,9 @@ def _list_items(tokens: Sequence[Token], start: int, end: int) -> list[tuple[int
     items = []
     index = start + 1
     while index < end - 1:
-        item_end = _block_end(tokens, index)
+        item_end = block_end(tokens, index)
         text = "\n".join(_inline_texts(tokens, index, item_end)).strip()
-        items.append(((tokens[index].map or [0])[0] + 1, text))
+        items.append((line_of(tokens[index]), text))
         index = item_end
     return items
 
@@ -171,8 +176,8 @@ def parse_runbook(text: str, path: Path) -> Runbook:
     index = 0
     while index < len(tokens):
         token = tokens[index]
-        end = _block_end(tokens, index)
-        line = (token.map or [0])[0] + 1
+        end = block_end(tokens, index)
+        line = line_of(token)
         if token.type == "heading_open":
             heading = tokens[index + 1].content.strip()
             if token.tag == "h1":
