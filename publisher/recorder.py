@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from publisher.protocol import ProtocolError, decode
 
 #: Frames reach the operating system at least this often.
 FLUSH_INTERVAL_S = 0.5
@@ -79,3 +83,21 @@ class Recorder:
             self.flush()
         finally:
             self._file.close()
+
+
+def read_recording(
+    path: str | os.PathLike[str],
+) -> Iterator[tuple[int, bytes, dict[str, Any] | ProtocolError]]:
+    """Every non-blank line of a recording: its number (from 1), its bytes, and the decoded
+    message or the :class:`ProtocolError` that refused it, so each reader decides what a bad
+    line costs. Streams the file (recordings can be large); ``OSError`` if it cannot be read.
+    """
+    with Path(path).open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.rstrip(b"\r\n")
+            if not line.strip():
+                continue
+            try:
+                yield number, line, decode(line)
+            except ProtocolError as exc:
+                yield number, line, exc

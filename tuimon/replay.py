@@ -23,6 +23,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from publisher.protocol import ProtocolError, decode
+from publisher.recorder import read_recording
 from tuimon.errors import UserError
 from tuimon.store import SourceStatus, Store
 
@@ -71,22 +72,18 @@ class Recording:
 
 
 def _read_file(path: Path, malformed: list[tuple[ProtocolError, str]]) -> list[tuple[float, bytes]]:
+    frames = []
     try:
-        with path.open("rb") as handle:
-            raw_lines = handle.read().splitlines()
+        for number, line, message in read_recording(path):
+            if isinstance(message, ProtocolError):
+                malformed.append((message, f"{path.name}:{number}"))
+            else:
+                frames.append((message["ts"], line))
     except OSError as exc:
         raise UserError(
             f"cannot read recording {path}: {exc.strerror or exc}; check the path "
             "(recordings are written by `--record PATH` and by `tuimon demo`)"
         ) from None
-    frames = []
-    for number, line in enumerate(raw_lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            frames.append((decode(line)["ts"], line))
-        except ProtocolError as exc:
-            malformed.append((exc, f"{path.name}:{number}"))
     return frames
 
 

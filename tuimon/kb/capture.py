@@ -14,7 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from publisher.protocol import SEVERITIES, ProtocolError, decode, read_number, wire_number
+from publisher.protocol import SEVERITIES, ProtocolError, read_number, wire_number
+from publisher.recorder import read_recording
 from tuimon.errors import UserError
 
 #: Steps kept on each side of the event(s).
@@ -209,17 +210,11 @@ def severity_for(events: Sequence[Mapping[str, Any]]) -> str:
 def _read_recording(path: Path) -> Iterator[dict[str, Any]]:
     """Valid messages of a JSON Lines recording; malformed lines are skipped (as the viewer does)."""
     try:
-        handle = path.open("rb")
+        for _, _, message in read_recording(path):
+            if not isinstance(message, ProtocolError):
+                yield message
     except OSError as exc:
         raise UserError(f"cannot read the recording {path}: {exc.strerror}") from None
-    with handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                yield decode(line)
-            except ProtocolError:
-                continue
 
 
 def from_recording(
