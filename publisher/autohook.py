@@ -31,6 +31,7 @@ import logging
 import os
 import sys
 import time
+from collections import deque
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,10 @@ ENV_RUN = "TUIMON_RUN"
 ENV_RECORD = "TUIMON_RECORD"
 ENV_ENDPOINT = "TUIMON_ENDPOINT"
 ENV_GPU = "TUIMON_GPU"
+
+#: Losses kept between two training steps (their mean is the step's loss): ample for gradient
+#: accumulation, and a bound for programs that never step an optimizer.
+MAX_PENDING_LOSSES = 1024
 
 
 def record_path(prefix: str, rank: int, pid: int) -> str:
@@ -74,7 +79,9 @@ class _Session:
         self.monitor: Monitor | None = None
         self.primary: Any = None  # the optimizer whose steps count as training steps
         self.optimizers: list[Any] = []
-        self.losses: list[torch.Tensor] = []
+        # Bounded: a program that calls backward() but never optimizer.step() (manual updates)
+        # must not accumulate losses forever.
+        self.losses: deque[torch.Tensor] = deque(maxlen=MAX_PENDING_LOSSES)
         self.data_time = 0.0
         self.samples = 0
         self.failed = False
@@ -120,7 +127,8 @@ class _Session:
             log.warning("tuimon: zero-code monitoring stopped (%s: %s)", type(exc).__name__, exc)
 
     def _take_loss(self) -> Any:
-        losses, self.losses = self.losses, []
+        losses = list(self.losses)
+        self.losses.clear()
         if not losses:
             return None
         if len(losses) == 1:

@@ -67,6 +67,16 @@ def test_an_optimizer_subclass_calling_super_step_counts_each_step_once(tmp_path
     assert [m["step"] for m in of_type(messages(recordings[0]), "metrics")] == list(range(1, 21))
 
 
+def test_backward_without_an_optimizer_keeps_bounded_state(tmp_path: Path) -> None:
+    """Manual updates never step an optimizer: no Monitor starts, and losses are not hoarded."""
+    from publisher.autohook import MAX_PENDING_LOSSES
+
+    result, recordings = tuimon_run(tmp_path, script="manual_updates.py")
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == MAX_PENDING_LOSSES
+    assert recordings == [], "nothing trained through an optimizer, so nothing is published"
+
+
 def test_exit_status_is_the_commands(tmp_path: Path) -> None:
     result, _ = tuimon_run(tmp_path, "--steps", "5", "--exit-code", "3")
     assert result.returncode == 3
