@@ -95,6 +95,10 @@ SIZES = (
     ModelSize(">=20 ms step", (512, 1024, 512), batch=160, rounds=40, block=5),
 )
 CONDITIONS = ("no viewer", "live viewer", "frozen viewer", "full")
+#: Steps before measuring: a long run's steady state is what matters, not its start. ``full``
+#: measures every layer and checks every invariant on each of the first few steps (bugs present
+#: from the start show at once), and its cost budgets settle over the first few hundred steps.
+WARM_UP_STEPS = 300
 
 
 class Trainer:
@@ -174,7 +178,7 @@ def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
                     mon.step(1.0)
                 while mon.publisher.stats()["queued"]:
                     time.sleep(0.01)
-            for _ in range(max(20, size.block)):  # warm-up, both arms (full: past the dense samples)
+            for _ in range(WARM_UP_STEPS):  # both arms
                 plain.forward_backward_step()
                 mon.step(trainer.forward_backward_step(), samples=trainer.batch)
             own_before = _own_seconds(mon)

@@ -66,9 +66,12 @@ class InvariantLink:
             rank=rank,
         )
 
-    def sync(self, step: int) -> None:
-        """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it)."""
-        self._offset = step - self.checker.overhead()["steps"] + 1
+    def sync(self, step: int, step_time: float | None) -> None:
+        """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it), and
+        a training step typically takes ``step_time`` seconds (what the checks' budget is a share of)."""
+        checker = self.checker
+        self._offset = step - checker.steps_done + 1
+        checker.set_step_time(step_time)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.checker.add_optimizer(optimizer)

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import torch
 
 from publisher import sysinfo
+from publisher.budget import CostBudget, StepClock
 from publisher.detectors import Detector, DetectorSet, default_detectors
 from publisher.event_kinds import EVENT_KINDS
 from publisher.fetch import DeviceFetch
@@ -54,8 +55,6 @@ T = TypeVar("T")
 #: gradient once: negligible on a GPU, but on a CPU a 2M-parameter model pays ~1 ms, 5 % of a
 #: 20 ms step; it is then computed every few steps to stay within this budget.
 GRAD_NORM_BUDGET = 0.01
-#: Weight of the newest measurement in the moving average of the gradient norm's cost.
-_COST_SMOOTHING = 0.2
 
 
 def _env_int(name: str) -> int | None:
@@ -162,10 +161,9 @@ class Monitor:
         self._params = self._trained_params()
         self._n_groups = sum(len(opt.param_groups) for opt in self._optimizers)
         self._grad_normer = GradNormer()
-        self._grad_norm_budget = grad_norm_budget
-        self._grad_norm_cold = True  # the first computation pays one-off set-up: not a measure
-        self._grad_norm_cost: float | None = None  # seconds, moving average of computing it
+        self._grad_norm_budget = CostBudget(grad_norm_budget, what="grad_norm_budget")
         self._grad_norm_wait = 0  # steps to skip before the next computation
+        self._clock = StepClock()
         self._fetch = DeviceFetch()
         self._step = 0
         self._last_step_at: float | None = None
@@ -303,6 +301,7 @@ class Monitor:
         if previous is not None:
             elapsed = now - previous
             self._last_step_time = elapsed
+            self._clock.observe(elapsed)
             metrics["step_time"] = elapsed
             if elapsed > 0:
                 if samples:
@@ -341,9 +340,9 @@ class Monitor:
         else:
             self._complete(step, metrics, grads, layout, arrays)
         if layers is not None:
-            layers.advance(self._last_step_time)
+            layers.advance(self._clock.seconds)
         if self._invariants is not None:
-            self._invariants.sync(step)
+            self._invariants.sync(step, self._clock.seconds)
 
     @staticmethod
     def _read(name: str, value: torch.Tensor, metrics: dict[str, float], waiting: list) -> None:
@@ -399,31 +398,20 @@ class Monitor:
         self._detectors.submit_step(step, metrics, sample)
 
     def _budgeted_grad_norm(self) -> GradNorms | None:
-        """The gradient norms on as many steps as the budget allows, None on the others.
+        """The gradient norms on as many steps as ``grad_norm_budget`` allows, None on the others.
 
-        Their cost on this thread is measured each time they are computed; when the moving average
-        exceeds ``grad_norm_budget`` of the step time, the next ``cost / (budget * step_time) - 1``
-        steps go without. On a GPU the kernels are only queued here, so the cost is a few
-        microseconds and the norm is normally there on every step.
+        Their cost on this thread is measured each time (:class:`~publisher.budget.CostBudget`).
+        On a GPU the kernels are only queued here, so the cost is a few microseconds and the norm
+        is there on every step.
         """
         if self._grad_norm_wait > 0:
             self._grad_norm_wait -= 1
             return None
         started = time.perf_counter()
         norms = self._grad_normer(self._current_params())
-        cost = time.perf_counter() - started
-        if self._grad_norm_budget >= 1.0:
-            return norms
-        if self._grad_norm_cold:
-            self._grad_norm_cold = False
-            return norms
-        average = self._grad_norm_cost
-        self._grad_norm_cost = average = (
-            cost if average is None else average + _COST_SMOOTHING * (cost - average)
-        )
-        allowed = self._grad_norm_budget * self._last_step_time
-        if allowed > 0 and average > allowed:
-            self._grad_norm_wait = math.ceil(average / allowed) - 1
+        budget = self._grad_norm_budget
+        budget.charge(time.perf_counter() - started)
+        self._grad_norm_wait = budget.gap(self._clock.seconds) - 1
         return norms
 
     def _current_params(self) -> list[torch.Tensor]:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from publisher.budget import CostBudget, check_share
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import CostMeter, ParamNamer, flat_sample, sample_stride, stack_on, unwrap
 from publisher.invariants.discovery import RootDiscovery
@@ -60,7 +61,7 @@ class StatsConfig:
 
     every: int = 10
     dense: int = 10
-    budget: float = 0.01
+    budget: float = 0.005
     modules: tuple[str, ...] = ()
     max_modules: int = 64
     probe_elements: int = 1024
@@ -78,8 +79,7 @@ class StatsConfig:
                 raise ValueError(f"StatsConfig.{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.dense, int) or self.dense < 0:
             raise ValueError(f"StatsConfig.dense must be an integer >= 0, got {self.dense!r}")
-        if not 0 < self.budget <= 1:
-            raise ValueError(f"StatsConfig.budget must be in (0, 1], got {self.budget!r}")
+        check_share(self.budget, "StatsConfig.budget")
         object.__setattr__(self, "modules", tuple(self.modules))
 
 
@@ -366,9 +366,7 @@ class LayerSampler:
         self._calls = 0
         self._next = 1
         self._spent_at_last = 0
-        self._cost: float | None = None  # seconds a sample costs, moving average
-        self._step_time: float | None = None  # seconds an ordinary step takes, moving average
-        self._after_sample = False
+        self._budget = CostBudget(config.budget, every=config.every)
         self._norms = FusedNorms()
         self._namer = ParamNamer()
         self._roots: list[tuple[str, nn.Module]] = []
@@ -439,30 +437,18 @@ class LayerSampler:
         return SampleLayout(names, shapes, self._learning_rates(params), grads is not None,
                             grads.indices if grads is not None else None)
 
-    def advance(self, step_time: float) -> None:
+    def advance(self, step_time: float | None) -> None:
         """After each ``Monitor.step``: choose the next sampled step and arm the probes for it.
 
-        ``step_time`` is the time since the previous step. The budget is judged against a moving
-        average of ordinary steps only: a sampled step and the one after it carry the sample's
-        own cost, which would otherwise loosen the budget it is held to; a pause (an evaluation,
-        a checkpoint) counts as at most 3 ordinary steps.
+        ``step_time``: the typical step time in seconds (:class:`~publisher.budget.StepClock`), or
+        None when not known yet; what the ``budget`` is a share of.
         """
         self._calls += 1
-        if not self.sampling and not self._after_sample and step_time > 0:
-            typical = self._step_time
-            if typical is None:
-                self._step_time = step_time
-            else:
-                self._step_time = typical + 0.1 * (min(step_time, 3 * typical) - typical)
-        self._after_sample = self.sampling
         if self.sampling:
             spent = self._meter.spent_ns
-            cost = (spent - self._spent_at_last) / 1e9
+            self._budget.charge((spent - self._spent_at_last) / 1e9)
             self._spent_at_last = spent
-            # The first samples pay one-off set-up (allocator, kernels): not a measure of the cost.
-            if self._calls > 2:
-                self._cost = cost if self._cost is None else self._cost + 0.2 * (cost - self._cost)
-            self._next = self._calls + self._gap(self._step_time or step_time)
+            self._next = self._calls + (1 if self._calls < self.config.dense else self._budget.gap(step_time))
         self.sampling = self._calls + 1 == self._next
         discovery = self._discovery
         if discovery is not None and not discovery.finished and (
@@ -473,15 +459,6 @@ class LayerSampler:
                 self._updates.armed = True
             if self._activations is not None:
                 self._activations.arm()
-
-    def _gap(self, step_time: float) -> int:
-        config = self.config
-        if self._calls < config.dense:
-            return 1
-        gap = config.every
-        if config.budget < 1.0 and self._cost is not None and step_time > 0:
-            gap = max(gap, math.ceil(self._cost / (config.budget * step_time)))
-        return gap
 
     # -- names and settings ---------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from publisher.budget import CostBudget
 from publisher.invariants.config import INVARIANT_NAMES, InvariantConfig
 from publisher.invariants.core import (
     Check,
@@ -89,6 +90,10 @@ class InvariantChecker:
         self.rank = rank
         self._board = StatusBoard(emit_status, emit_event)
         self._meter = CostMeter()
+        self._budget = CostBudget(self.config.budget, every=self.config.check_every,
+                                  longest=self.config.max_check_every, what="InvariantConfig.budget")
+        self._step_time: float | None = None
+        self._spent_at_retime = 0
         self._pending = PendingResults(self._fail)
         self._namer = ParamNamer()
         self._watches: dict[int, _Watch] = {}
@@ -145,6 +150,18 @@ class InvariantChecker:
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Current status of each invariant: ``{name: {status, step, message, details}}``."""
         return self._board.statuses()
+
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps seen so far (the most of any one optimizer)."""
+        return self._steps_done
+
+    def set_step_time(self, seconds: float | None) -> None:
+        """The typical training step time, which ``budget`` is a share of (the Monitor says it).
+
+        Without it, checks keep to ``check_every`` whatever they cost.
+        """
+        self._step_time = seconds
 
     def overhead(self) -> dict[str, float]:
         """Wall time the checker spent in its hooks so far (its cost to training), and per step."""
@@ -234,7 +251,26 @@ class InvariantChecker:
         self._global_checks(watched.index, index, max(index, self._steps_done - 1))
         if self._pending:
             self._drain()
+        if watched.index == 0 and index >= self.config.dense_steps and watch.schedule.regular(index):
+            self._retime()
         self._plan_quiet(watch, index)
+
+    def _retime(self) -> None:
+        """At a periodic check of the first optimizer: charge what the checks cost since the
+        previous one to the budget, and space the coming checks accordingly.
+
+        Every check's work counts (the replica comparison's too, though its own period is fixed:
+        every rank must join it at the same step). The first charge holds the dense first steps
+        and one-off set-up, and is ignored.
+        """
+        spent = self._meter.spent_ns
+        self._budget.charge((spent - self._spent_at_retime) / 1e9)
+        self._spent_at_retime = spent
+        every = self._budget.gap(self._step_time)
+        for watch in self._watches.values():
+            watch.schedule.retime(every, watch.watched.count)
+        if self._train_mode is not None:
+            self._train_mode.schedule.retime(every, self._steps_done)
 
     def _plan_quiet(self, watch: _Watch, index: int) -> None:
         """Work out how many coming steps need no work, so their hooks return at once.

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from publisher.budget import check_share
+
 #: Invariant status name -> the event kind (``publisher.event_kinds``) its violation emits.
 KIND_OF: dict[str, str] = {
     "optimizer_changes_params": "optimizer_noop",
@@ -27,9 +29,11 @@ class InvariantConfig:
     Every check runs on each of the first ``dense_steps`` steps of an optimizer (bugs present from
     the start show at once), then on every ``check_every``-th step; a suspicious result asks for a
     confirming check on the very next step, so a fault is reported at most ``check_every + 1``
-    steps after it starts. With the default, the checker's own time measured about 2 % of a 1 ms
-    CPU step and 0.15 % of a 20 ms one on a shared 2-core machine
-    (benchmarks/invariants_overhead.py); it is Python work, so it does not grow with model size.
+    steps after it starts. The checks are Python work in the optimizer's hooks, ~100-200 us per
+    check on a shared CPU core whatever the model size: 0.5 % of a 20 ms step every 10 steps,
+    but 2 % of a 1 ms one. Where they would cost more than ``budget`` of the step time (told by
+    the Monitor), the period stretches beyond ``check_every`` up to ``max_check_every`` steps;
+    the replica comparison keeps ``replica_every`` (every rank must join it at the same step).
     """
 
     #: A parameter that requires grad must receive a non-zero gradient within this many steps
@@ -37,8 +41,12 @@ class InvariantConfig:
     grad_window: int = 5
     #: Every check runs on each of an optimizer's first ``dense_steps`` steps...
     dense_steps: int = 5
-    #: ...and then on every ``check_every``-th step.
+    #: ...and then on every ``check_every``-th step...
     check_every: int = 10
+    #: ...or less often, where checks would cost more than this share of the step time...
+    budget: float = 0.005
+    #: ...but at least every ``max_check_every`` steps.
+    max_check_every: int = 100
     #: Replica comparison (a collective): each of the first ``dense_steps`` steps, then every
     #: ``replica_every`` steps.
     replica_every: int = 10
@@ -53,11 +61,12 @@ class InvariantConfig:
     disabled: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        for name in ("grad_window", "dense_steps", "check_every", "replica_every", "zero_lr_steps",
-                     "probe_elements"):
+        for name in ("grad_window", "dense_steps", "check_every", "max_check_every", "replica_every",
+                     "zero_lr_steps", "probe_elements"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"InvariantConfig.{name} must be an integer >= 1, got {value!r}")
+        check_share(self.budget, "InvariantConfig.budget")
         if not 0 <= self.replica_rtol < 1:
             raise ValueError(f"InvariantConfig.replica_rtol must be in [0, 1), got {self.replica_rtol!r}")
         object.__setattr__(self, "disabled", frozenset(self.disabled))

@@ -153,28 +153,46 @@ class StatusBoard:
 
 
 class Schedule:
-    """Which step indices a check runs on: the first ``dense`` ones, every ``every``-th, and requests."""
+    """Which step indices a check runs on: the first ``dense`` ones, regular ones, and requests.
+
+    Regular steps are ``every`` apart. :meth:`retime` changes the period from the next regular
+    step on, so the step a check already planned for (its hooks may be armed) stays due.
+    """
 
     def __init__(self, dense: int, every: int) -> None:
         self._dense = dense
-        self._every = every
+        self.every = every
+        self._anchor = 0  # a regular step; the others are every ``every`` from it
         self._requested: set[int] = set()
 
     def due(self, index: int) -> bool:
-        return (index < self._dense or index % self._every == 0
+        return (index < self._dense or self.regular(index)
                 or (bool(self._requested) and index in self._requested))
+
+    def regular(self, index: int) -> bool:
+        """Is ``index`` one of the periodic steps (not a dense one, not a request)?"""
+        return index >= self._anchor and (index - self._anchor) % self.every == 0
 
     def next_due(self, index: int) -> int:
         """The first step index >= ``index`` that is due."""
         if index < self._dense:
             return index
-        regular = -(-index // self._every) * self._every
-        return min([regular, *(i for i in self._requested if i >= index)])
+        return min([self._next_regular(index), *(i for i in self._requested if i >= index)])
 
     def request(self, index: int) -> None:
         """Also run on step ``index`` (a check confirming a suspicion on the next step)."""
         self._requested = {i for i in self._requested if i >= index - 1}
         self._requested.add(index)
+
+    def retime(self, every: int, index: int) -> None:
+        """Make regular steps ``every`` apart from the first regular one >= ``index`` on."""
+        if every != self.every:
+            self._anchor = self._next_regular(index)
+            self.every = every
+
+    def _next_regular(self, index: int) -> int:
+        anchor = self._anchor
+        return anchor + -(-max(0, index - anchor) // self.every) * self.every
 
 
 class HostValue:

@@ -9,6 +9,10 @@ relative. With two ranks both are named; with more, each rank is compared with t
 median, so the odd ones out are named. Only the lowest rank of the compared group emits the event
 (every rank's status says violated).
 
+Until there is something to compare (torch.distributed not initialized yet, or one rank), the
+check looks again every ``max_check_every`` steps only, at the same step indices on every rank, so
+that a single-process run does not wake the checker every ``replica_every`` steps for nothing.
+
 Collectives: a dedicated gloo group, created collectively at the first comparison (every rank runs
 the schedule at the same optimizer step), so CUDA tensors never cross and the user's NCCL streams
 are untouched. The gathers are asynchronous: issued at the check step, read at a later step once
@@ -54,6 +58,8 @@ class ReplicaCheck(Check):
         self._board = board
         self._namer = namer
         self.schedule = Schedule(config.dense_steps, config.replica_every)
+        self._every = config.replica_every
+        self._idle_every = max(config.max_check_every, config.replica_every)
         self._rtol = config.replica_rtol
         self._process_group = process_group
         self._named_params = named_params
@@ -88,6 +94,8 @@ class ReplicaCheck(Check):
         if self._stopped or not self.schedule.due(index):
             return
         reason = self.why_unchecked()
+        # Every rank computes the same index arithmetic, so they switch cadence at the same step.
+        self.schedule.retime(self._every if reason is None else self._idle_every, index)
         if reason is not None:
             self._board.idle_message(REPLICAS, reason)
             return

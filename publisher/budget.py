@@ -1,0 +1,94 @@
+"""Cost budgets: optional measurements spaced out so that on average they cost a set share of a step.
+
+Three measurements are worth taking on every step but cost more than a small model's step can
+spare on a CPU: the gradient norm (it reads every gradient), the per-layer samples (a few dozen
+small kernels and hooks) and the training-invariant checks (Python work in the optimizer's hooks).
+Each one times what it cost and, when its moving average exceeds its share of the typical step
+time, waits proportionally longer before it runs again. On a GPU the kernels are only queued, the
+costs are microseconds against steps of tens of milliseconds, and nothing is spaced out.
+
+One :class:`StepClock` (the Monitor's) says how long a step typically takes; each measurement has
+its own :class:`CostBudget`.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def check_share(value: object, what: str) -> float:
+    """``value`` as a share of the step time, or a ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError(f"{what} must be a share of the step time in (0, 1], got {value!r}")
+    return float(value)
+
+
+class StepClock:
+    """The typical duration of a training step, in seconds (None before the first one).
+
+    The median of the latest :attr:`WINDOW` steps: evaluations, checkpoints, steps that carried a
+    sample and other pauses, up to half of them, do not move it. Re-sorted every
+    :attr:`REFRESH` steps only (the window fills at start-up, sorted at each step).
+    """
+
+    WINDOW = 31
+    REFRESH = 8
+
+    __slots__ = ("_count", "_recent", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+        self._recent: list[float] = []
+        self._count = 0
+
+    def observe(self, elapsed: float) -> None:
+        """One step took ``elapsed`` seconds."""
+        if elapsed <= 0:
+            return
+        recent, count = self._recent, self._count
+        if count < self.WINDOW:
+            recent.append(elapsed)
+        else:
+            recent[count % self.WINDOW] = elapsed
+        self._count = count = count + 1
+        if count <= self.WINDOW or count % self.REFRESH == 0:
+            self.seconds = sorted(recent)[len(recent) // 2]
+
+
+class CostBudget:
+    """How many steps to leave between two runs of a measurement that may cost ``share`` of a step.
+
+    :meth:`charge` each run's cost (everything it caused since the previous run, hooks included);
+    :meth:`gap` is then at least ``every`` steps, more when the moving average of the cost exceeds
+    ``share`` of the step time, and at most ``longest`` (a bound on how late the measurement can
+    be, whatever it costs). The first ``cold`` charges are ignored: they pay one-off set-up
+    (allocator, kernel selection, first calls of Python code), not the steady cost. ``share`` 1.0
+    turns the budget off (always ``every``).
+    """
+
+    __slots__ = ("_cold", "_smoothing", "cost", "every", "longest", "share")
+
+    def __init__(self, share: float, *, every: int = 1, longest: int | None = None, cold: int = 1,
+                 smoothing: float = 0.2, what: str = "budget") -> None:
+        self.share = check_share(share, what)
+        self.every = every
+        self.longest = longest
+        #: Seconds one run costs, moving average (None until measured).
+        self.cost: float | None = None
+        self._cold = cold
+        self._smoothing = smoothing
+
+    def charge(self, seconds: float) -> None:
+        """What the latest run cost, in seconds."""
+        if self._cold > 0:
+            self._cold -= 1
+            return
+        cost = self.cost
+        self.cost = seconds if cost is None else cost + self._smoothing * (seconds - cost)
+
+    def gap(self, step_time: float | None) -> int:
+        """Steps from this run to the next, for steps of ``step_time`` seconds (None: unknown)."""
+        gap = self.every
+        if self.share < 1.0 and self.cost is not None and step_time:
+            gap = max(gap, math.ceil(self.cost / (self.share * step_time)))
+        return gap if self.longest is None else min(gap, max(self.longest, self.every))
