@@ -20,9 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -213,16 +211,12 @@ class DetectorSet:
     A detector that raises is logged once and then skipped for good: a broken check must cost
     neither the training nor the other checks.
 
-    The training thread should not run the step detectors itself: :meth:`submit_step` only
-    queues the metrics (and the step's per-layer sample, if any), and a background thread started
-    by :meth:`start` checks them in batches every ``interval_s``. Measured on a CPU, the same
-    detector code costs ~13 us per step when it runs between training steps (its data and
-    bytecode evicted from the caches by the training) and ~2 us in a batch; events come at most
-    ``interval_s`` later, unnoticeable to a human. :meth:`observe_step` remains for synchronous use.
+    Synchronous: the Monitor calls :meth:`observe_step` from its step worker's thread
+    (:mod:`publisher.step_worker`), in batches, not from the training thread (measured on a CPU,
+    the same detector code costs ~13 us per step between training steps, whose kernels evict its
+    data and bytecode from the caches, and ~2 us in a batch); :meth:`observe_gpu` from the GPU
+    sampler's thread.
     """
-
-    #: Steps waiting for the background thread beyond this are dropped (it cannot keep up).
-    MAX_PENDING = 100_000
 
     def __init__(
         self,
@@ -243,31 +237,6 @@ class DetectorSet:
             if overrides(d, "observe_step") or overrides(d, "observe_layers")
         ]
         self._gpu_detectors = [d for d in self.detectors if overrides(d, "observe_gpu")]
-        self._pending: deque[tuple[int, Metrics, LayerSample | None]] = deque(maxlen=self.MAX_PENDING)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, interval_s: float = 0.05) -> DetectorSet:
-        """Check submitted steps on a daemon thread every ``interval_s``."""
-        self._thread = threading.Thread(
-            target=self._check_pending_until_stopped, args=(interval_s,), name="tuimon-detectors", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def submit_step(self, step: int, metrics: Metrics, layers: LayerSample | None = None) -> None:
-        """Queue one step's metrics (and sample) for the background thread (thread-safe, never blocks)."""
-        if self._step_detectors:
-            self._pending.append((step, metrics, layers))
-
-    def _check_pending_until_stopped(self, interval_s: float) -> None:
-        while not self._stopping.wait(interval_s):
-            self._check_pending()
-
-    def _check_pending(self) -> None:
-        pending = self._pending
-        while pending:
-            self.observe_step(*pending.popleft())
 
     def observe_step(self, step: int, metrics: Metrics, layers: LayerSample | None = None) -> None:
         """Run the step detectors on one step; those reading layers also on its sample, if any.
@@ -308,12 +277,7 @@ class DetectorSet:
         self._gpu_detectors = [d for d in self._gpu_detectors if d is not detector]
 
     def close(self) -> None:
-        """Stop the background thread, check what it left, send held-back episode counts."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(2.0)
-        if self._thread is None or not self._thread.is_alive():
-            self._check_pending()
+        """Send held-back episode counts (the last steps have been observed)."""
         self.tracker.flush()
 
 

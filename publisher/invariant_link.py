@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from publisher.budget import StepClock
 from publisher.detectors import EpisodeTracker
 from publisher.findings import Finding
 from publisher.invariants import InvariantChecker, InvariantConfig
@@ -54,6 +55,7 @@ class InvariantLink:
         rank: int,
         config: InvariantConfig | None,
         steps_done: int,
+        step_clock: StepClock,
     ) -> None:
         self._publish = publish
         self._tracker = tracker
@@ -63,15 +65,12 @@ class InvariantLink:
         self._offset = steps_done + 1
         self.checker = InvariantChecker(
             optimizers, model, emit_event=self._on_event, emit_status=self._on_status, config=config,
-            rank=rank,
+            rank=rank, step_clock=step_clock,
         )
 
-    def sync(self, step: int, step_time: float | None) -> None:
-        """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it), and
-        a training step typically takes ``step_time`` seconds (what the checks' budget is a share of)."""
-        checker = self.checker
-        self._offset = step - checker.steps_done + 1
-        checker.set_step_time(step_time)
+    def sync(self, step: int) -> None:
+        """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it)."""
+        self._offset = step - self.checker.steps_done + 1
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.checker.add_optimizer(optimizer)

@@ -7,9 +7,10 @@
         optimizer.zero_grad()
     mon.close()                               # or: with Monitor(...) as mon: ...
 
-The training thread only queues a few device operations and one dict per step; encoding, sending
-and recording happen on the publisher's thread, the detectors on theirs, GPU polling on the
-sampler's thread. On CUDA the step's numbers reach the host through one asynchronous copy
+The training thread only reads a few numbers and queues a few device operations per step;
+assembling, publishing and the detectors run on the step worker's thread
+(:mod:`publisher.step_worker`), encoding, sending and recording on the publisher's, GPU polling on
+the sampler's. On CUDA the step's numbers reach the host through one asynchronous copy
 (:mod:`publisher.fetch`): no host-device synchronisation per step. Every few steps a per-layer
 sample (:mod:`publisher.tensorstats`) rides along; the training invariants
 (:mod:`publisher.invariants`) watch the optimizers through their hooks. Telemetry must never cost
@@ -44,12 +45,16 @@ from publisher.jsonsafe import json_safe
 from publisher.layer_sample import LayerSample, SampleLayout
 from publisher.memory import DEFAULT_INTERVAL_S, MemoryReader
 from publisher.protocol import RUN_END_STATUSES, SEVERITIES, wire_numbers
+from publisher.step_worker import StepWorker
 from publisher.tensorstats import GradNormer, GradNorms, LayerSampler, StatsConfig
 from publisher.transport import Publisher, end_status
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: A step whose numbers are on the host, queued for the worker: (step, metrics, per-parameter
+#: gradient norms, sample layout, the sample's arrays).
+_FinishedStep = tuple[int, dict[str, float], torch.Tensor | None, SampleLayout | None, list[torch.Tensor]]
 
 #: Share of the step time the gradient norm may cost on average. Computing it reads every
 #: gradient once: negligible on a GPU, but on a CPU a 2M-parameter model pays ~1 ms, 5 % of a
@@ -179,7 +184,8 @@ class Monitor:
                 self.gpu_source.close()
             raise
         chosen = default_detectors() if detectors is True else list(detectors or ())
-        self._detectors = DetectorSet(chosen, self._emit_event, rank=self.rank).start()
+        self._detectors = DetectorSet(chosen, self._emit_event, rank=self.rank)
+        self._worker: StepWorker[_FinishedStep] = StepWorker(self._publish_step, self.publisher.count_drop)
 
         if seed is None:
             seed = sysinfo.torch_seed()
@@ -210,7 +216,7 @@ class Monitor:
         if invariant_config is not None and (model is not None or self._optimizers):
             self._invariants = InvariantLink(
                 self._optimizers, model, publish=self._publish, tracker=self._detectors.tracker,
-                rank=self.rank, config=invariant_config, steps_done=self._step,
+                rank=self.rank, config=invariant_config, steps_done=self._step, step_clock=self._clock,
             )
         self._sampler: GpuSampler | None = None
         self._gpu_simulated = self.gpu_source is not None and self.gpu_source.simulated
@@ -338,11 +344,11 @@ class Monitor:
             self._fetch.submit([t for _, t in waiting] + arrays,
                                partial(self._arrived, step, metrics, names, grads, layout))
         else:
-            self._complete(step, metrics, grads, layout, arrays)
+            self._hand_over(step, metrics, grads, layout, arrays)
         if layers is not None:
             layers.advance(self._clock.seconds)
         if self._invariants is not None:
-            self._invariants.sync(step, self._clock.seconds)
+            self._invariants.sync(step)
 
     @staticmethod
     def _read(name: str, value: torch.Tensor, metrics: dict[str, float], waiting: list) -> None:
@@ -365,11 +371,11 @@ class Monitor:
         try:
             for name, value in zip(names, values, strict=False):
                 metrics[name] = value.item()
-            self._complete(step, metrics, grads, layout, values[len(names):])
+            self._hand_over(step, metrics, grads, layout, values[len(names):])
         except Exception as exc:
             self._telemetry_failed(f"metrics of step {step}", exc)
 
-    def _complete(
+    def _hand_over(
         self,
         step: int,
         metrics: dict[str, float],
@@ -377,14 +383,19 @@ class Monitor:
         layout: SampleLayout | None,
         arrays: list[torch.Tensor],
     ) -> None:
-        """Publish a step's metrics (and per-layer sample), then hand them to the detectors."""
+        """A step's numbers are all on the host: queue it for the worker (training thread)."""
         grad_norms = arrays[0] if grads is not None else None
-        sample: LayerSample | None = None
-        if layout is not None:
-            sample = layout.decode(grad_norms, arrays[1 if grads is not None else 0:])
-        elif grad_norms is not None and self._layers is not None and not math.isfinite(metrics["grad_norm"]):
+        if layout is None and grad_norms is not None and self._layers is not None and not math.isfinite(
+                metrics["grad_norm"]):
             # Not a sampled step, but the gradients went bad: say which ones.
-            sample = self._layers.gradient_layout(grads).decode(grad_norms, [])
+            layout = self._layers.gradient_layout(grads)
+            arrays = [grad_norms]
+        self._worker.submit((step, metrics, grad_norms, layout, arrays[0 if grad_norms is None else 1:]))
+
+    def _publish_step(self, finished: _FinishedStep) -> None:
+        """Publish a step's metrics and sample, then show them to the detectors (worker thread)."""
+        step, metrics, grad_norms, layout, arrays = finished
+        sample: LayerSample | None = layout.decode(grad_norms, arrays) if layout is not None else None
         if sample is not None:
             metrics.update(sample.totals())
         # One C-level sum tells whether any number is NaN or infinite (the rare case that needs the
@@ -395,7 +406,7 @@ class Monitor:
         else:
             limit = self._layers.config.max_published if self._layers else 0
             self.publisher.publish("metrics", step=step, metrics=wire, layers=sample.payload(limit))
-        self._detectors.submit_step(step, metrics, sample)
+        self._detectors.observe_step(step, metrics, sample)
 
     def _budgeted_grad_norm(self) -> GradNorms | None:
         """The gradient norms on as many steps as ``grad_norm_budget`` allows, None on the others.
@@ -569,6 +580,7 @@ class Monitor:
             (self._layers.close if self._layers else None),
             (self._sampler.stop if self._sampler else None),
             (self.gpu_source.close if self.gpu_source else None),
+            self._worker.close,  # the steps still queued: published, shown to the detectors
             self._detectors.close,
             lambda: self.publisher.close(status=status, error=error),
         )

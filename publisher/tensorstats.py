@@ -253,7 +253,8 @@ class UpdateProbe:
     of its parameters that require grad (frozen ones are not expected to move) and its post-hook
     turns them into ``|dw| / |w|`` per parameter (NaN where ``|w|`` is 0: a ratio of a
     zero-initialised bias is undefined, not infinite). LBFGS's closure runs inside the step, so
-    what is compared is the step's net effect.
+    what is compared is the step's net effect. The hooks stay registered (``Monitor.step`` may run
+    inside an optimizer hook, where torch forbids adding or removing one).
     """
 
     def __init__(self, limit: int, max_total: int, meter: CostMeter) -> None:
@@ -270,7 +271,7 @@ class UpdateProbe:
                           optimizer.register_step_post_hook(self._after_step)]
 
     def take(self) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
-        """``[(params, ratios)]`` measured since :meth:`arm`, one entry per optimizer that stepped."""
+        """``[(params, ratios)]`` measured since armed, one entry per optimizer that stepped."""
         self.armed = False
         self._before.clear()
         taken, self._ratios = list(self._ratios.values()), {}

@@ -244,6 +244,12 @@ class Publisher:
             "recorded": self._recorded,
         }
 
+    def count_drop(self) -> None:
+        """Count one message its producer gave up before publishing it (its own queue was full):
+        it shows in ``stats()["dropped"]`` and the heartbeat like one this queue refused."""
+        with self._drop_lock:
+            self._queue_dropped += 1
+
     def publish(self, msg_type: str, step: int | None = None, **body: Any) -> None:
         """Queue one message; thread-safe, never blocks. Drops (and counts) it if the queue is full.
 
@@ -254,8 +260,7 @@ class Publisher:
         if msg_type not in MESSAGE_TYPES:
             raise ValueError(f"unknown message type {msg_type!r}; expected one of {sorted(MESSAGE_TYPES)}")
         if self._closed or len(self._queue) >= self._queue_max:
-            with self._drop_lock:
-                self._queue_dropped += 1
+            self.count_drop()
             return
         self._queue.append((msg_type, step, time.time(), body))
 

@@ -145,21 +145,6 @@ def test_a_broken_detector_is_disabled_and_the_others_keep_working(caplog: pytes
     assert sum("Broken" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_submitted_steps_are_checked_in_the_background_and_at_close() -> None:
-    events, emit = collector()
-    detectors = DetectorSet([NonFiniteLoss()], emit).start(interval_s=0.01)
-    detectors.submit_step(1, {"loss": math.nan})
-    deadline = time.monotonic() + 2.0
-    while not events and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert [b["kind"] for _, b in events] == ["nonfinite_loss"], "checked without anyone calling observe"
-    slow = DetectorSet([NonFiniteLoss()], emit).start(interval_s=60.0)
-    slow.submit_step(7, {"loss": math.inf})
-    slow.close()  # long before the thread's next round: close checks what is left
-    assert [(step, b["kind"]) for step, b in events] == [(1, "nonfinite_loss"), (7, "nonfinite_loss")]
-    detectors.close()
-
-
 def test_default_detectors_emit_only_canonical_kinds_and_attribute_rank() -> None:
     events, emit = collector()
     detectors = DetectorSet(default_detectors(), emit, rank=5)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import zmq
+from conftest import wait_until
 from publisher_client import Message, receive_until, request_snapshot, subscribe
 
 from publisher.monitor import Monitor
@@ -133,9 +134,15 @@ def test_a_late_viewer_gets_run_start_from_the_snapshot(context: zmq.Context) ->
     task = Regression(seed=1)
     with Monitor(task.model, task.optimizer, run="late", config={"a": 1}, gpu="none") as mon:
         task.train(mon, steps=20)
-        _header, snapshot = request_snapshot(context, mon.publisher.snapshot_endpoint)
-    assert snapshot[0]["type"] == "run_start" and snapshot[0]["config"] == {"a": 1}
-    assert [m["step"] for m in of_type(snapshot, "metrics")][-1] == 20
+        snapshots: list[list[Message]] = []
+
+        def snapshot_has_step_20() -> bool:
+            snapshots.append(request_snapshot(context, mon.publisher.snapshot_endpoint)[1])
+            return [m["step"] for m in of_type(snapshots[-1], "metrics")][-1:] == [20]
+
+        # Steps are published by the Monitor's worker thread, a few tens of milliseconds later.
+        wait_until(snapshot_has_step_20, what="step 20 in a snapshot")
+    assert snapshots[-1][0]["type"] == "run_start" and snapshots[-1][0]["config"] == {"a": 1}
 
 
 def test_nan_losses_make_one_critical_event_whose_count_grows(tmp_path: Path) -> None:

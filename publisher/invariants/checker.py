@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from publisher.budget import CostBudget
+from publisher.budget import CostBudget, StepClock
 from publisher.invariants.config import INVARIANT_NAMES, InvariantConfig
 from publisher.invariants.core import (
     Check,
@@ -85,14 +85,17 @@ class InvariantChecker:
 
     def __init__(self, optimizers: Sequence[torch.optim.Optimizer], model: nn.Module | None, *,
                  emit_event: Callable[..., None], emit_status: Callable[..., None],
-                 config: InvariantConfig | None = None, rank: int = 0, process_group=None) -> None:
+                 config: InvariantConfig | None = None, rank: int = 0, process_group=None,
+                 step_clock: StepClock | None = None) -> None:
         self.config = config or InvariantConfig()
         self.rank = rank
         self._board = StatusBoard(emit_status, emit_event)
         self._meter = CostMeter()
         self._budget = CostBudget(self.config.budget, every=self.config.check_every,
                                   longest=self.config.max_check_every, what="InvariantConfig.budget")
-        self._step_time: float | None = None
+        # How long a training step takes, which ``budget`` is a share of (the Monitor keeps it);
+        # without one, checks keep to ``check_every`` whatever they cost.
+        self._clock = step_clock
         self._spent_at_retime = 0
         self._pending = PendingResults(self._fail)
         self._namer = ParamNamer()
@@ -155,13 +158,6 @@ class InvariantChecker:
     def steps_done(self) -> int:
         """Optimizer steps seen so far (the most of any one optimizer)."""
         return self._steps_done
-
-    def set_step_time(self, seconds: float | None) -> None:
-        """The typical training step time, which ``budget`` is a share of (the Monitor says it).
-
-        Without it, checks keep to ``check_every`` whatever they cost.
-        """
-        self._step_time = seconds
 
     def overhead(self) -> dict[str, float]:
         """Wall time the checker spent in its hooks so far (its cost to training), and per step."""
@@ -266,7 +262,7 @@ class InvariantChecker:
         spent = self._meter.spent_ns
         self._budget.charge((spent - self._spent_at_retime) / 1e9)
         self._spent_at_retime = spent
-        every = self._budget.gap(self._step_time)
+        every = self._budget.gap(self._clock.seconds if self._clock is not None else None)
         for watch in self._watches.values():
             watch.schedule.retime(every, watch.watched.count)
         if self._train_mode is not None:

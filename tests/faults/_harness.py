@@ -62,6 +62,8 @@ MONITOR_OPTIONS: dict[str, Any] = {
     "stats": StatsConfig(budget=1.0),
     "memory_interval_s": 0.0,
 }
+#: The invariant checks' settings when a case gives none: defaults, budget pinned as above.
+PINNED_INVARIANTS = InvariantConfig(budget=1.0)
 
 
 # --------------------------------------------------------------------------- recording
@@ -149,7 +151,7 @@ class Run:
         record = self.record_dir / f"{self.case_name}.{self.rank}.{len(self.monitors)}.jsonl"
         monitor = Monitor(
             model if self.model_known else None, optimizers[0], run=self.case_name, rank=self.rank,
-            world_size=self.world_size, record=record, invariants=self.config or True,
+            world_size=self.world_size, record=record, invariants=self.config or PINNED_INVARIANTS,
             **{**MONITOR_OPTIONS, **options},
         )
         for optimizer in optimizers[1:]:
