@@ -394,7 +394,13 @@ class Monitor:
 
     def _publish_step(self, finished: _FinishedStep) -> None:
         """Publish a step's metrics and sample, then show them to the detectors (worker thread)."""
-        step, metrics, grad_norms, layout, arrays = finished
+        try:
+            self._publish_finished(*finished)
+        except Exception as exc:
+            self._telemetry_failed(f"metrics of step {finished[0]}", exc)
+
+    def _publish_finished(self, step: int, metrics: dict[str, float], grad_norms: torch.Tensor | None,
+                          layout: SampleLayout | None, arrays: list[torch.Tensor]) -> None:
         sample: LayerSample | None = layout.decode(grad_norms, arrays) if layout is not None else None
         if sample is not None:
             metrics.update(sample.totals())

@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from publisher.budget import StepClock
 from publisher.event_kinds import EVENT_KINDS
 from publisher.invariants import INVARIANT_NAMES, InvariantChecker, InvariantConfig
 
@@ -270,3 +271,26 @@ def test_a_subclass_calling_super_step_and_a_step_that_raised_count_as_one_step_
     # would report about 40).
     assert 11 <= stale["step"] <= 22
     assert checker.statuses()["optimizer_changes_params"]["step"] <= 22
+
+
+@pytest.mark.parametrize("kind", ["eval_mode_training", "optimizer_noop"])
+def test_checks_spaced_out_by_their_budget_still_catch_a_fault_within_max_check_every(kind: str) -> None:
+    model = h.mlp((8, 32, 32, 1), dropout=0.2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    clock = StepClock()
+    clock.observe(1e-7)  # steps of 0.1 us: every check costs far more than its budget
+    config = InvariantConfig(check_every=10, max_check_every=30)
+    recording = h.Recording()
+    checker = InvariantChecker([optimizer], model, emit_event=recording.emit_event,
+                               emit_status=recording.emit_status, config=config, step_clock=clock)
+    trigger = 150
+    for step, batch in h.batches(260):
+        if step == trigger and kind == "eval_mode_training":
+            model.eval()
+        if step == trigger and kind == "optimizer_noop":  # the optimizer now holds copies: no gradients
+            optimizer.param_groups[0]["params"] = [p.detach().clone().requires_grad_()
+                                                   for p in model.parameters()]
+        h.train_step(model, optimizer, batch)
+    checker.close()
+    [event] = recording.events(kind)
+    assert trigger <= event["step"] <= trigger + 30 + 1, "one period plus the confirming step at most"

@@ -32,7 +32,7 @@ def test_items_are_handled_in_the_background_in_order_and_the_rest_at_close() ->
     assert slow == [7, 8]
 
 
-def test_a_failing_item_is_logged_once_and_the_others_still_go_through(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_item_is_logged_once_and_the_others_go_through(caplog: pytest.LogCaptureFixture) -> None:
     handled: list[int] = []
 
     def handle(item: int) -> None:
