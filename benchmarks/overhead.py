@@ -92,7 +92,7 @@ class ModelSize:
 #: would then always span two steps.
 SIZES = (
     ModelSize("~1 ms step", (128, 256, 10), batch=64, rounds=200, block=10),
-    ModelSize(">=20 ms step", (512, 1024, 512), batch=160, rounds=40, block=5),
+    ModelSize(">=20 ms step", (512, 1024, 512), batch=160, rounds=120, block=5),
 )
 CONDITIONS = ("no viewer", "live viewer", "frozen viewer", "full")
 #: Steps before measuring: a long run's steady state is what matters, not its start. ``full``
