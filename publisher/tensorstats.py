@@ -21,7 +21,8 @@ transfer (:mod:`publisher.fetch`); nothing here reads a device tensor.
 
 Defaults cite ``shared/notes/prior-art.md``: SageMaker Debugger samples tensors every N steps
 (its rules default to a few hundred steps; detection latency matters more here, hence 10) and
-AutoTrainer reports ~1 % overhead on healthy runs, the order of ``budget``.
+AutoTrainer reports ~1 % overhead on healthy runs: the order of all the Monitor's budgets together
+(:mod:`publisher.budget`).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class StatsConfig:
 
     every: int = 10
     dense: int = 10
-    budget: float = 0.005
+    budget: float = 0.0025
     modules: tuple[str, ...] = ()
     max_modules: int = 64
     probe_elements: int = 1024

@@ -44,7 +44,7 @@ class InvariantConfig:
     #: ...and then on every ``check_every``-th step...
     check_every: int = 10
     #: ...or less often, where checks would cost more than this share of the step time...
-    budget: float = 0.005
+    budget: float = 0.0025
     #: ...but at least every ``max_check_every`` steps.
     max_check_every: int = 100
     #: Replica comparison (a collective): each of the first ``dense_steps`` steps, then every
