@@ -52,7 +52,8 @@ def test_the_demo_trains_for_real_and_walks_through_its_incidents(
     # Medians: the script comes round again, so the last steps may hold a NaN or a spike.
     assert statistics.median(late) < 0.5 * statistics.median(first), "the loss really decreases"
     assert all(m["metrics"]["data_time"] >= 0 for m in metrics)
-    assert sum("grad_norm" in m["metrics"] for m in metrics) > len(metrics) / 10
+    # Charted all along: on a CPU its 0.5 % cost budget spaces it out (every ~10 steps here).
+    assert sum("grad_norm" in m["metrics"] for m in metrics) > len(metrics) / 40
 
     gpu = [m for m in messages if m["type"] == "gpu"]
     assert len(gpu) > 20 and all(m["simulated"] is True and len(m["devices"]) == 4 for m in gpu)
