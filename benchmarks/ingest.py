@@ -46,7 +46,7 @@ RUN = "bench"
 #: given seconds, a heartbeat every second, and prints "sent dropped" at the end.
 PUBLISHER = r"""
 import sys, time, zmq
-from publisher.protocol import decode, encode, make_message
+from publisher.wire.protocol import decode, encode, make_message
 rate, seconds = float(sys.argv[1]), float(sys.argv[2])
 context = zmq.Context()
 pub = context.socket(zmq.PUB)

@@ -64,7 +64,7 @@ def measure(widths: tuple[int, ...], batch: int, trials: int, steps: int
     off, on, own = [], [], []
     for _ in range(trials):
         off.append(run_block(model, optimizer, data, steps))
-        checker = InvariantChecker([optimizer], model, emit_event=lambda *a: events.append(a),
+        checker = InvariantChecker([optimizer], model, emit_violation=lambda *a: events.append(a),
                                    emit_status=lambda *a: events.append(a))
         run_block(model, optimizer, data, 10)  # past the dense first steps
         before = checker.overhead()["seconds"]

@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from publisher.event_kinds import EVENT_KINDS
+from publisher.wire.event_kinds import EVENT_KINDS
 from tuimon.kb import IncidentFilter, KnowledgeBase, schema
 from tuimon.kb import db as kbdb
 from tuimon.kb.model import format_time

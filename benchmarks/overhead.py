@@ -24,8 +24,8 @@ Also printed: ``cpu``, the process's CPU time (every thread: publisher, detector
 with the Monitor over without it, which other programs on a shared machine disturb less than wall
 time.
 
-Targets: ratio <= 1.02 at >= 20 ms steps, <= 1.05 at ~1 ms (TrainCheck: median 1.05x, worst
-1.6x, prior-art.md). Also printed: the median cost of one ``mon.step()`` call in microseconds, the
+Targets: ratio <= 1.02 at >= 20 ms steps, <= 1.05 at ~1 ms (TrainCheck, OSDI 2025: median
+1.05x, worst 1.6x). Also printed: the median cost of one ``mon.step()`` call in microseconds, the
 messages the publisher dropped (queue full), and ``hooks``: per step, the time spent in the
 sampler's and the checker's hooks and assembly (``full`` only; part of the ratio, not added to it). What a
 frozen viewer misses is not in that count: ZeroMQ drops it for that viewer alone, silently; the
@@ -57,7 +57,7 @@ from publisher.monitor import Monitor
 #: reads and decodes everything until terminated, and prints how many messages it read.
 VIEWER = """
 import signal, sys, zmq
-from publisher.protocol import decode
+from publisher.wire.protocol import decode
 context = zmq.Context()
 sub = context.socket(zmq.SUB)
 sub.subscribe(b"")

@@ -1,20 +1,45 @@
 """tuimon's training side: embed a :class:`Monitor` in a PyTorch loop (or use ``tuimon run``).
 
-This package must never import textual, sqlite-utils or the ``tuimon`` app: it runs inside the
-training process, where every import and every microsecond counts. Heavy names are imported
-lazily so that ``publisher.protocol`` stays importable without torch.
+The public face: everything a training script needs is importable from here, whatever folder it
+lives in (``from publisher import Monitor, StatsConfig, InvariantConfig``). The folders say what
+each part does:
+
+- ``monitor.py``: the :class:`Monitor` façade, the training thread's side; ``wiring.py`` builds
+  and joins its collaborators;
+- ``wire/``: what crosses the process boundary (protocol, publisher socket, recording, registry);
+- ``collect/``: gathering a step's numbers without slowing it (step worker thread, cost budgets,
+  device fetch, memory, GPUs through NVML, identity and environment);
+- ``stats/``: per-layer statistics and the torch helpers shared with the checks;
+- ``detectors/``: anomaly detectors and the episodes that fold their findings into events;
+- ``invariants/``: training invariants (after TrainCheck, OSDI 2025) checked from hooks;
+- ``autohook/``: zero-code instrumentation for ``tuimon run``.
+
+This package never imports textual, sqlite-utils or the ``tuimon`` app (checked by import-linter):
+it runs inside the training process, where every import and every microsecond counts. Names are
+imported lazily so that ``publisher.wire`` stays importable without torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["Monitor"]
+#: Public name -> the module that defines it.
+_PUBLIC = {
+    "Monitor": "publisher.monitor",
+    "StatsConfig": "publisher.stats.sampler",
+    "InvariantConfig": "publisher.invariants.config",
+    "Detector": "publisher.detectors.base",
+    "Finding": "publisher.detectors.base",
+    "default_detectors": "publisher.detectors.suite",
+    "EVENT_KINDS": "publisher.wire.event_kinds",
+}
+
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Monitor":
-        from publisher.monitor import Monitor
-
-        return Monitor
-    raise AttributeError(f"module 'publisher' has no attribute {name!r}")
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'publisher' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -25,7 +25,7 @@ from types import FrameType
 import torch
 from torch import nn
 
-from publisher.gpu import SimulatedSource
+from publisher.collect.gpu import SimulatedSource
 from publisher.monitor import Monitor
 
 INPUTS, HIDDEN, CLASSES = 32, 128, 10

@@ -1,9 +1,9 @@
 """Shared fixtures for the viewer's tests: synthetic runs, recordings, a protocol-level publisher.
 
-Everything here is real: messages are built with ``publisher.protocol``, recordings are files,
+Everything here is real: messages are built with ``publisher.wire.protocol``, recordings are files,
 and :class:`RawPublisher` drives real ZeroMQ PUB and ROUTER sockets on 127.0.0.1 exactly as
 docs/protocol.md says, so the receiver is tested against the contract rather than against one
-implementation of it (tests with the real ``publisher.transport.Publisher`` exist as well).
+implementation of it (tests with the real ``publisher.wire.transport.Publisher`` exist as well).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import zmq
 
-from publisher.protocol import encode, make_message, wire_numbers
+from publisher.wire.protocol import encode, make_message, wire_numbers
 
 T0 = 1_700_000_000.0
 HOST = "testhost"

@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 from conftest import wait_until
 
-from publisher.protocol import SNAPSHOT_REQUEST, decode
+from publisher.wire.protocol import SNAPSHOT_REQUEST, decode
 
 __all__ = ["Message", "receive", "receive_until", "request_snapshot", "subscribe", "wait_until"]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from publisher.budget import CostBudget, StepClock
-from publisher.invariants.core import Schedule
+from publisher.collect.budget import CostBudget, Schedule, StepClock
 
 
 def test_a_measurement_within_its_budget_keeps_its_period_and_a_costly_one_is_spaced_out() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.protocol import decode, read_number
+from publisher.wire.protocol import decode, read_number
 
 
 @pytest.fixture

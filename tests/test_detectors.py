@@ -11,33 +11,22 @@ from typing import Any
 
 import pytest
 
-from publisher.detectors import (
-    DataBottleneck,
+from publisher.collect.gpu import SimulatedSource
+from publisher.detectors import Detector, DetectorSet, Finding, default_detectors
+from publisher.detectors.episodes import EpisodeTracker
+from publisher.detectors.gpu import GpuEcc, GpuImbalance, GpuLowUtil, GpuThrottle
+from publisher.detectors.grads import (
     DeadActivations,
-    Detector,
-    DetectorSet,
-    EpisodeTracker,
-    Finding,
-    GpuEcc,
-    GpuImbalance,
-    GpuLowUtil,
-    GpuThrottle,
     GradExplosion,
-    LossPlateau,
-    LossSpike,
-    MemoryGrowth,
     NonFiniteGrads,
-    NonFiniteLoss,
     NonFiniteParams,
-    StepTimeOutlier,
-    ThroughputDrop,
     UpdateRatio,
     VanishingGradient,
-    default_detectors,
 )
-from publisher.event_kinds import EVENT_KINDS
-from publisher.gpu import SimulatedSource
-from publisher.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
+from publisher.detectors.loss import LossPlateau, LossSpike, NonFiniteLoss
+from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
+from publisher.stats.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
+from publisher.wire.event_kinds import EVENT_KINDS
 
 Event = tuple[int | None, dict[str, Any]]
 

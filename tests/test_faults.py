@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.event_kinds import EVENT_KINDS
+from publisher.wire.event_kinds import EVENT_KINDS
 
 FAULTS = Path(__file__).resolve().parent / "faults"
 sys.path.insert(0, str(FAULTS))

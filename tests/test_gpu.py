@@ -20,8 +20,7 @@ import pynvml
 import pytest
 import torch
 
-from publisher.detectors import GpuImbalance
-from publisher.gpu import (
+from publisher.collect.gpu import (
     DEVICE_FIELDS,
     GpuSampler,
     GpuUnavailable,
@@ -30,8 +29,9 @@ from publisher.gpu import (
     decode_throttle,
     open_gpu_source,
 )
+from publisher.detectors.gpu import GpuImbalance
 from publisher.monitor import Monitor
-from publisher.protocol import decode
+from publisher.wire.protocol import decode
 
 
 def driver_present() -> bool:
@@ -170,7 +170,7 @@ def test_nvml_without_a_driver_raises_a_clear_error() -> None:
 @needs_no_driver
 def test_auto_without_a_driver_returns_none_and_says_so_once() -> None:
     script = (
-        "from publisher.gpu import open_gpu_source\n"
+        "from publisher.collect.gpu import open_gpu_source\n"
         "assert open_gpu_source('auto') is None\n"
         "assert open_gpu_source('auto') is None\n"
         "print('ok')\n"
@@ -219,7 +219,7 @@ def test_sampler_survives_failing_reads_and_logs_once(caplog: pytest.LogCaptureF
             enough.set()
 
     source = FlakySource(failing_reads={1, 3})
-    with caplog.at_level(logging.ERROR, logger="publisher.gpu"):
+    with caplog.at_level(logging.ERROR, logger="publisher.collect.gpu"):
         sampler = GpuSampler(source, on_sample, interval_s=0.01).start()
         assert enough.wait(5.0), "the sampler stopped after a failing read"
         sampler.stop()

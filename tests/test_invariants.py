@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from publisher.budget import StepClock
-from publisher.event_kinds import EVENT_KINDS
+from publisher.collect.budget import StepClock
 from publisher.invariants import INVARIANT_NAMES, InvariantChecker, InvariantConfig
+from publisher.wire.event_kinds import EVENT_KINDS
 
 FAULTS = Path(__file__).resolve().parent / "faults"
 sys.path.insert(0, str(FAULTS))
@@ -80,7 +80,7 @@ def test_without_a_model_parameters_are_named_after_the_modules_found() -> None:
     model[2].requires_grad_(True)
     recording = h.Recording()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    checker = InvariantChecker([optimizer], None, emit_event=recording.emit_event,
+    checker = InvariantChecker([optimizer], None, emit_violation=recording.emit_violation,
                                emit_status=recording.emit_status)
     cut = lambda x: model[2](model[1](model[0](x)).detach())  # noqa: E731  (first layer cut off)
     for _, batch in h.batches(8):
@@ -93,7 +93,7 @@ def test_without_a_model_parameters_are_named_after_the_modules_found() -> None:
 
 def _record(optimizers, model, config=None):
     recording = h.Recording()
-    checker = InvariantChecker(optimizers, model, emit_event=recording.emit_event,
+    checker = InvariantChecker(optimizers, model, emit_violation=recording.emit_violation,
                                emit_status=recording.emit_status, config=config)
     return recording, checker
 
@@ -234,7 +234,7 @@ def test_an_emitter_that_raises_never_breaks_the_training_step(caplog) -> None:
 
     model = h.mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
-    checker = InvariantChecker([optimizer], model, emit_event=refuse, emit_status=refuse)
+    checker = InvariantChecker([optimizer], model, emit_violation=refuse, emit_status=refuse)
     for _, batch in h.batches(15):
         h.backward(model, batch)  # no zero_grad: a violation to emit
         optimizer.step()
@@ -281,7 +281,7 @@ def test_checks_spaced_out_by_their_budget_still_catch_a_fault_within_max_check_
     clock.observe(1e-7)  # steps of 0.1 us: every check costs far more than its budget
     config = InvariantConfig(check_every=10, max_check_every=30)
     recording = h.Recording()
-    checker = InvariantChecker([optimizer], model, emit_event=recording.emit_event,
+    checker = InvariantChecker([optimizer], model, emit_violation=recording.emit_violation,
                                emit_status=recording.emit_status, config=config, step_clock=clock)
     trigger = 150
     for step, batch in h.batches(260):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.protocol import encode, make_message
+from publisher.wire.protocol import encode, make_message
 
 
 def _tuimon(

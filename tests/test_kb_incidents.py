@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from publisher.protocol import encode, make_message
+from publisher.wire.protocol import encode, make_message
 from tuimon.errors import UserError
 from tuimon.kb import IncidentDraft, IncidentFilter, KnowledgeBase, incidents
 from tuimon.store import Store

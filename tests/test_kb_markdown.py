@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.protocol import make_message
+from publisher.wire.protocol import make_message
 from tuimon.kb import IncidentDraft, KnowledgeBase
 from tuimon.kb.markdown_import import ParseError, parse_incident
 from tuimon.kb.mdformat import SECTION_ORDER

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.event_kinds import EVENT_KINDS
+from publisher.wire.event_kinds import EVENT_KINDS
 from tuimon.kb import IncidentDraft, KnowledgeBase
 from tuimon.kb.runbooks import (
     COMPONENTS,

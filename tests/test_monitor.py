@@ -16,7 +16,7 @@ from conftest import wait_until
 from publisher_client import Message, receive_until, request_snapshot, subscribe
 
 from publisher.monitor import Monitor
-from publisher.protocol import decode, read_number
+from publisher.wire.protocol import decode, read_number
 
 
 class Regression:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from publisher.protocol import (
+from publisher.wire.protocol import (
     MAX_MESSAGE_BYTES,
     ProtocolError,
     decode,

@@ -11,8 +11,8 @@ import pytest
 import zmq
 from conftest import RawPublisher, wait_until
 
-from publisher.protocol import MAX_MESSAGE_BYTES, encode
-from publisher.transport import Publisher
+from publisher.wire.protocol import MAX_MESSAGE_BYTES, encode
+from publisher.wire.transport import Publisher
 from tuimon.errors import UserError
 from tuimon.receiver import SILENT_ENDPOINT_S, SNAPSHOT_TIMEOUT_S, LiveSource, parse_endpoint
 

@@ -15,10 +15,10 @@ import pytest
 import zmq
 from publisher_client import receive_until, subscribe, wait_until
 
-from publisher.protocol import decode, wire_numbers
-from publisher.recorder import Recorder
-from publisher.registry import live_entries
-from publisher.transport import Publisher
+from publisher.wire.protocol import decode, wire_numbers
+from publisher.wire.recorder import Recorder
+from publisher.wire.registry import live_entries
+from publisher.wire.transport import Publisher
 
 
 def test_recording_lines_are_exactly_the_frames_on_the_wire(tmp_path: Path, context: zmq.Context) -> None:
@@ -74,7 +74,7 @@ def test_recorded_data_reaches_the_disk_within_a_second_without_close(tmp_path: 
 CRASHING_TRAINER = textwrap.dedent(
     """
     import os, sys, time
-    from publisher.transport import Publisher
+    from publisher.wire.transport import Publisher
 
     how, path = sys.argv[1], sys.argv[2]
     publisher = Publisher("crash", record=path, heartbeat_s=60)

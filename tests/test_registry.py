@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from publisher.registry import live_entries, register, runtime_dir, unregister
+from publisher.wire.registry import live_entries, register, runtime_dir, unregister
 
 HOST = socket.gethostname()
 

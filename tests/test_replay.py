@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import RunBuilder, synthetic_run, wait_until, write_recording
 
-from publisher.protocol import encode
+from publisher.wire.protocol import encode
 from tuimon.errors import UserError
 from tuimon.replay import ReplaySource, load_recordings, parse_speed
 

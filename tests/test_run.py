@@ -69,7 +69,7 @@ def test_an_optimizer_subclass_calling_super_step_counts_each_step_once(tmp_path
 
 def test_backward_without_an_optimizer_keeps_bounded_state(tmp_path: Path) -> None:
     """Manual updates never step an optimizer: no Monitor starts, and losses are not hoarded."""
-    from publisher.autohook import MAX_PENDING_LOSSES
+    from publisher.autohook.hooks import MAX_PENDING_LOSSES
 
     result, recordings = tuimon_run(tmp_path, script="manual_updates.py")
     assert result.returncode == 0, result.stderr

@@ -6,7 +6,7 @@ import math
 
 from conftest import RunBuilder, synthetic_run
 
-from publisher.protocol import ProtocolError
+from publisher.wire.protocol import ProtocolError
 from tuimon.store import GPU_HISTORY, SERIES_CAPACITY, STALE_AFTER_S, Series, Store
 
 

@@ -17,10 +17,10 @@ import pytest
 import zmq
 from publisher_client import Message, receive, receive_until, request_snapshot, subscribe, wait_until
 
-from publisher.history import SnapshotHistory
-from publisher.protocol import SNAPSHOT_REQUEST, decode, encode, make_message
-from publisher.registry import live_entries
-from publisher.transport import Publisher
+from publisher.wire.history import SnapshotHistory
+from publisher.wire.protocol import SNAPSHOT_REQUEST, decode, encode, make_message
+from publisher.wire.registry import live_entries
+from publisher.wire.transport import Publisher
 
 
 @pytest.fixture
@@ -427,7 +427,7 @@ def test_as_a_context_manager_the_run_end_says_how_the_block_ended(
 EXITING_TRAINER = textwrap.dedent(
     """
     import sys
-    from publisher.transport import Publisher
+    from publisher.wire.transport import Publisher
 
     publisher = Publisher("forgetful", record=sys.argv[2])
     publisher.publish("metrics", step=3, metrics={"loss": 1.0})

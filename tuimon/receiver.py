@@ -1,7 +1,7 @@
 """Live source: one SUB socket on a daemon thread, plus the snapshot client for late joiners.
 
 The thread polls, then drains with NOBLOCK in batches (a poll per message tops out far lower),
-decodes and validates every frame with :func:`publisher.protocol.decode`, and applies each batch
+decodes and validates every frame with :func:`publisher.wire.protocol.decode`, and applies each batch
 to the :class:`~tuimon.store.Store` under its lock in one go. Nothing that arrives on the wire can
 stop it: a bad frame is counted and skipped.
 
@@ -27,8 +27,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from publisher.protocol import SNAPSHOT_REQUEST, ProtocolError, decode
-from publisher.registry import live_entries, runtime_dir
+from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode
+from publisher.wire.registry import live_entries, runtime_dir
 from tuimon.errors import UserError
 from tuimon.store import SourceStatus, Store
 

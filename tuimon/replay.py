@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
-from publisher.protocol import ProtocolError, decode
-from publisher.recorder import read_recording
+from publisher.wire.protocol import ProtocolError, decode
+from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
 from tuimon.store import SourceStatus, Store
 

@@ -5,7 +5,7 @@ dashboard reads it on timers. Writers apply whole batches under the lock and rea
 copies, so neither side waits on the other for long. Every section of a run carries a version
 counter so a panel can skip its redraw when nothing it shows has changed.
 
-Messages must already have passed :func:`publisher.protocol.decode`: the store trusts the shapes
+Messages must already have passed :func:`publisher.wire.protocol.decode`: the store trusts the shapes
 the protocol validates and treats everything else as optional.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from publisher.protocol import ProtocolError, read_number
+from publisher.wire.protocol import ProtocolError, read_number
 
 #: A run whose senders have been silent this long is shown as stale (heartbeats come every 1 s).
 STALE_AFTER_S = 3.0

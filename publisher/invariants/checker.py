@@ -29,19 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from publisher.budget import CostBudget, StepClock
+from publisher.collect.budget import CostBudget, CostMeter, Schedule, StepClock
 from publisher.invariants.config import INVARIANT_NAMES, InvariantConfig
-from publisher.invariants.core import (
-    Check,
-    CostMeter,
-    ParamNamer,
-    PendingResults,
-    Schedule,
-    StatusBoard,
-    WatchedOptimizer,
-    unwrap,
-)
-from publisher.invariants.discovery import RootDiscovery
+from publisher.invariants.core import EmitStatus, EmitViolation, PendingResults, StatusBoard, WatchedOptimizer
 from publisher.invariants.grad_arrival import ArrivalCheck
 from publisher.invariants.grad_clearing import ClearingCheck
 from publisher.invariants.learning_rate import ZeroLrCheck
@@ -49,6 +39,9 @@ from publisher.invariants.ownership import OwnershipCheck
 from publisher.invariants.replicas import ReplicaCheck
 from publisher.invariants.step_effect import StepEffectCheck
 from publisher.invariants.train_mode import TrainModeCheck
+from publisher.stats.discovery import RootDiscovery
+from publisher.stats.hooks import Check
+from publisher.stats.tensors import ParamNamer, unwrap
 
 _log = logging.getLogger(__name__)
 
@@ -78,18 +71,18 @@ class _Watch:
 class InvariantChecker:
     """Checks the training invariants of one training process online, from hooks.
 
-    ``emit_event(kind, severity, message, step, details)`` is called once per episode of a
+    ``emit_violation(kind, severity, message, step, details)`` is called once per episode of a
     violation; ``emit_status(name, status, step, message, details)`` once at start per invariant
     (``unchecked``) and then whenever an invariant's status changes.
     """
 
     def __init__(self, optimizers: Sequence[torch.optim.Optimizer], model: nn.Module | None, *,
-                 emit_event: Callable[..., None], emit_status: Callable[..., None],
+                 emit_violation: EmitViolation, emit_status: EmitStatus,
                  config: InvariantConfig | None = None, rank: int = 0, process_group=None,
                  step_clock: StepClock | None = None) -> None:
         self.config = config or InvariantConfig()
         self.rank = rank
-        self._board = StatusBoard(emit_status, emit_event)
+        self._board = StatusBoard(emit_status, emit_violation)
         self._meter = CostMeter()
         self._budget = CostBudget(self.config.budget, every=self.config.check_every,
                                   longest=self.config.max_check_every, what="InvariantConfig.budget")
@@ -110,8 +103,10 @@ class InvariantChecker:
                            if on("optimizer_owns_trainables") else None)
         self._replicas = (ReplicaCheck(self._board, self.config, process_group, self._replica_params,
                                        self._namer) if on("replicas_consistent") else None)
-        self._discovery = (RootDiscovery(self.config, self._owned_ids, partial(self._adopt, discovered=True))
-                           if model is None and (self._train_mode or self._ownership) else None)
+        self._discovery = None
+        if model is None and (self._train_mode or self._ownership):
+            self._discovery = RootDiscovery(Schedule(self.config.dense_steps, self.config.check_every),
+                                            self._owned_ids, partial(self._adopt, discovered=True))
         if model is not None:
             self._adopt(model)
         self._announce(model)

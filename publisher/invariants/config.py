@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from publisher.budget import check_share
+from publisher.collect.budget import check_share
 
-#: Invariant status name -> the event kind (``publisher.event_kinds``) its violation emits.
+#: Invariant status name -> the event kind (``publisher.wire.event_kinds``) its violation emits.
 KIND_OF: dict[str, str] = {
     "optimizer_changes_params": "optimizer_noop",
     "params_receive_grads": "missing_gradient",

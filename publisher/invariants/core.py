@@ -19,20 +19,24 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
-import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from publisher.event_kinds import EVENT_KINDS
+from publisher.collect.fetch import HostValue
 from publisher.invariants.config import INVARIANT_NAMES, KIND_OF
+from publisher.stats.hooks import Check
+from publisher.stats.tensors import ParamNamer
+from publisher.wire.event_kinds import EVENT_KINDS
 
-EmitEvent = Callable[..., None]
-EmitStatus = Callable[..., None]
+#: Reports one violation episode: ``(kind, severity, message, step, details)``. The invariant link
+#: turns it into a finding for the Monitor's episode tracker, which emits the wire event.
+EmitViolation = Callable[[str, str, str, int, dict[str, Any]], None]
+#: Reports an invariant's combined status: ``(name, status, step, message, details)``.
+EmitStatus = Callable[[str, str, "int | None", str, dict[str, Any]], None]
 
 _STATUS_RANK = {"unchecked": 0, "ok": 1, "violated": 2}
 _log = logging.getLogger(__name__)
@@ -56,9 +60,9 @@ class StatusBoard:
     nothing was compared.
     """
 
-    def __init__(self, emit_status: EmitStatus, emit_event: EmitEvent) -> None:
+    def __init__(self, emit_status: EmitStatus, emit_violation: EmitViolation) -> None:
         self._emit_status = emit_status
-        self._emit_event = emit_event
+        self._emit_violation = emit_violation
         self._opinions: dict[str, dict[Hashable, _Opinion]] = {name: {} for name in INVARIANT_NAMES}
         self._idle: dict[str, str] = {}
         self._published: dict[str, tuple[str, str]] = {}  # name -> (status, message) last emitted
@@ -109,7 +113,7 @@ class StatusBoard:
         if keys - reported:
             reported |= keys
             kind = KIND_OF[name]
-            self._emit(self._emit_event, kind, EVENT_KINDS[kind].default_severity, message, step, details)
+            self._emit(self._emit_violation, kind, EVENT_KINDS[kind].default_severity, message, step, details)
 
     def disable(self, name: str, message: str) -> None:
         """Stop listening to every source of ``name`` (configuration, or an internal error)."""
@@ -152,72 +156,8 @@ class StatusBoard:
             _log.warning("invariant checker: emitting %s failed", args[0], exc_info=True)
 
 
-class Schedule:
-    """Which step indices a check runs on: the first ``dense`` ones, regular ones, and requests.
-
-    Regular steps are ``every`` apart. :meth:`retime` changes the period from the next regular
-    step on, so the step a check already planned for (its hooks may be armed) stays due.
-    """
-
-    def __init__(self, dense: int, every: int) -> None:
-        self._dense = dense
-        self.every = every
-        self._anchor = 0  # a regular step; the others are every ``every`` from it
-        self._requested: set[int] = set()
-
-    def due(self, index: int) -> bool:
-        return (index < self._dense or self.regular(index)
-                or (bool(self._requested) and index in self._requested))
-
-    def regular(self, index: int) -> bool:
-        """Is ``index`` one of the periodic steps (not a dense one, not a request)?"""
-        return index >= self._anchor and (index - self._anchor) % self.every == 0
-
-    def next_due(self, index: int) -> int:
-        """The first step index >= ``index`` that is due."""
-        if index < self._dense:
-            return index
-        return min([self._next_regular(index), *(i for i in self._requested if i >= index)])
-
-    def request(self, index: int) -> None:
-        """Also run on step ``index`` (a check confirming a suspicion on the next step)."""
-        self._requested = {i for i in self._requested if i >= index - 1}
-        self._requested.add(index)
-
-    def retime(self, every: int, index: int) -> None:
-        """Make regular steps ``every`` apart from the first regular one >= ``index`` on."""
-        if every != self.every:
-            self._anchor = self._next_regular(index)
-            self.every = every
-
-    def _next_regular(self, index: int) -> int:
-        anchor = self._anchor
-        return anchor + -(-max(0, index - anchor) // self.every) * self.every
 
 
-class HostValue:
-    """A small device tensor on its way to host memory, read only once it has arrived."""
-
-    __slots__ = ("_event", "_host")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        tensor = tensor.detach()
-        if tensor.device.type == "cuda":
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host.copy_(tensor, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(tensor.device))
-            self._host, self._event = host, event
-        else:
-            self._host, self._event = tensor.cpu(), None
-
-    def ready(self) -> bool:
-        return self._event is None or bool(self._event.query())
-
-    def wait(self) -> torch.Tensor:
-        if self._event is not None:
-            self._event.synchronize()
-        return self._host
 
 
 class PendingResults:
@@ -249,65 +189,18 @@ class PendingResults:
                 self._on_error(owner, exc)
 
 
-class ParamNamer:
-    """Human names for parameters: module paths when a model is known, else optimizer positions."""
-
-    def __init__(self) -> None:
-        self._names: dict[int, str] = {}
-
-    def add_root(self, root: torch.nn.Module, prefix: str = "") -> None:
-        for name, param in root.named_parameters(remove_duplicate=False):
-            self._names.setdefault(id(param), prefix + name)
-
-    def name(self, param: torch.Tensor, fallback: str) -> str:
-        return self._names.get(id(param), fallback)
 
 
-def name_list(names: Sequence[str], limit: int = 6) -> str:
-    """``a, b, c and 4 more``: parameter lists short enough for a one-line message."""
-    if len(names) <= limit:
-        return ", ".join(names)
-    return f"{', '.join(names[:limit])} and {len(names) - limit} more"
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside DDP/DataParallel and ``torch.compile`` wrappers.
-
-    Hooks go on the inner module so that a forward through either the wrapper or the raw module is
-    seen, and parameter names carry no ``module.`` prefix.
-    """
-    while True:
-        inner = getattr(model, "module", None)
-        if isinstance(inner, torch.nn.Module) and isinstance(
-            model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-        ):
-            model = inner
-            continue
-        original = getattr(model, "_orig_mod", None)
-        if isinstance(original, torch.nn.Module):
-            model = original
-            continue
-        return model
 
 
-def stack_on(values: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Stack 0-dim results that may live on several devices (a model split across GPUs)."""
-    return torch.stack([v if v.device == device else v.to(device) for v in values])
 
 
-def flat_sample(tensor: torch.Tensor, stride: int) -> torch.Tensor:
-    """Every ``stride``-th element of the flattened tensor: a view when the tensor is contiguous."""
-    flat = tensor.detach().reshape(-1)
-    return flat if stride == 1 else flat[::stride]
 
 
-def sample_stride(numel: int, limit: int) -> int:
-    return max(1, math.ceil(numel / limit))
 
 
-def is_checkable(param: torch.Tensor) -> bool:
-    """Floating (or complex) and non-empty: the tensors whose values the checks compare."""
-    return (param.is_floating_point() or param.is_complex()) and param.numel() > 0
 
 
 @dataclass
@@ -347,38 +240,5 @@ class WatchedOptimizer:
         return namer.name(param, f"optimizer {self.index} group {group} #{position} [{shape}]")
 
 
-class CostMeter:
-    """Wall time spent in the checker's hooks (``with meter:``), reported as its own overhead."""
-
-    __slots__ = ("_depth", "_started", "spent_ns")
-
-    def __init__(self) -> None:
-        self.spent_ns = 0
-        self._started = 0
-        self._depth = 0
-
-    def __enter__(self) -> None:
-        if self._depth == 0:
-            self._started = time.perf_counter_ns()
-        self._depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            self.spent_ns += time.perf_counter_ns() - self._started
 
 
-class Check:
-    """Base of every check: the invariant names it serves and a flag set when it broke.
-
-    A check that raises is switched off by the checker (its invariants become ``unchecked`` with
-    the error), so a bug in a check never stops a training run. ``meter`` (set by the checker)
-    times the hooks a check installs itself.
-    """
-
-    names: tuple[str, ...] = ()
-    dead: bool = False
-    meter: CostMeter = CostMeter()
-
-    def close(self) -> None:
-        """Remove whatever hooks the check installed."""

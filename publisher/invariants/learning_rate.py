@@ -17,8 +17,10 @@ The post-hook runs before the user's ``scheduler.step()``, so the lr read is the
 
 from __future__ import annotations
 
+from publisher.collect.budget import Schedule
 from publisher.invariants.config import InvariantConfig
-from publisher.invariants.core import Check, Schedule, StatusBoard, WatchedOptimizer
+from publisher.invariants.core import StatusBoard, WatchedOptimizer
+from publisher.stats.hooks import Check
 
 UPDATES = "optimizer_changes_params"
 

@@ -14,8 +14,11 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from publisher.detectors.base import name_list
 from publisher.invariants.config import InvariantConfig
-from publisher.invariants.core import Check, ParamNamer, StatusBoard, WatchedOptimizer, name_list
+from publisher.invariants.core import StatusBoard, WatchedOptimizer
+from publisher.stats.hooks import Check
+from publisher.stats.tensors import ParamNamer
 
 OWNED = "optimizer_owns_trainables"
 

@@ -47,7 +47,7 @@ from torch import nn
 
 from publisher.invariants import InvariantConfig
 from publisher.monitor import Monitor
-from publisher.tensorstats import StatsConfig
+from publisher.stats.sampler import StatsConfig
 
 FAULTS_DIR = Path(__file__).resolve().parent
 ALARM_SEVERITIES = ("warning", "critical")
@@ -76,8 +76,8 @@ class Recording:
     rank: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
 
-    def emit_event(self, kind: str, severity: str, message: str, step: int, details: dict) -> None:
-        """An :class:`InvariantChecker`'s ``emit_event`` (tests of the checker alone)."""
+    def emit_violation(self, kind: str, severity: str, message: str, step: int, details: dict) -> None:
+        """An :class:`InvariantChecker`'s ``emit_violation`` (tests of the checker alone)."""
         self.messages.append({"type": "event", "rank": self.rank, "step": step, "kind": kind,
                               "severity": severity, "message": message, "details": details})
 

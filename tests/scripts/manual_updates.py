@@ -5,7 +5,7 @@ Prints how many losses tuimon's zero-code hooks hold at the end (they must stay 
 
 import torch
 
-from publisher import autohook
+from publisher.autohook import hooks as autohook
 
 weight = torch.zeros(4, requires_grad=True)
 for _ in range(3000):

@@ -60,10 +60,10 @@ def child_environment(
     *, run: str, record: str | None, endpoint: str | None, gpu: str, base: dict[str, str] | None = None
 ) -> dict[str, str]:
     """The environment that makes every Python process of the job load the publisher's hooks."""
-    import publisher
+    from publisher.autohook import AUTOSTART_DIR
 
     env = dict(os.environ if base is None else base)
-    autostart = str(Path(publisher.__file__).resolve().parent / "_autostart")
+    autostart = str(AUTOSTART_DIR)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (autostart, env.get("PYTHONPATH"))))
     env["TUIMON_AUTOSTART"] = "1"
     env["TUIMON_RUN"] = run

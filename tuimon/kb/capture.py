@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from publisher.protocol import SEVERITIES, ProtocolError, read_number, wire_number
-from publisher.recorder import read_recording
+from publisher.wire.protocol import SEVERITIES, ProtocolError, read_number, wire_number
+from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
 
 #: Steps kept on each side of the event(s).

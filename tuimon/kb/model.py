@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from publisher.protocol import SEVERITIES
+from publisher.wire.protocol import SEVERITIES
 from tuimon.errors import UserError
 
 STATUSES = ("open", "investigating", "mitigated", "resolved")

@@ -14,7 +14,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from publisher.event_kinds import EVENT_KINDS
+from publisher.wire.event_kinds import EVENT_KINDS
 from tuimon.store import EventRecord
 from tuimon.widgets.text import duration, number, severity
 

@@ -7,7 +7,7 @@ is built inside the first optimizer step. :meth:`InvariantLink.sync` is called a
 the same step numbers as the metrics and the detectors' events.
 
 Statuses become ``invariant`` messages. Violations become events through the same
-:class:`~publisher.detectors.EpisodeTracker` as the detectors' findings: one event per episode
+:class:`~publisher.detectors.episodes.EpisodeTracker` as the detectors' findings: one event per episode
 (per invariant), re-sent with a growing ``count`` when the checker reports it again, ended when the
 invariant's status returns to ``ok``.
 """
@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from publisher.budget import StepClock
-from publisher.detectors import EpisodeTracker
-from publisher.findings import Finding
+from publisher.collect.budget import StepClock
+from publisher.detectors.base import Finding
+from publisher.detectors.episodes import EpisodeTracker
 from publisher.invariants import InvariantChecker, InvariantConfig
 from publisher.invariants.config import KIND_OF
-from publisher.jsonsafe import json_safe
+from publisher.wire.jsonsafe import json_safe
 
 Publish = Callable[..., None]
 
@@ -64,7 +64,7 @@ class InvariantLink:
         # Checker index i is Monitor step i + offset; the next optimizer step is the Monitor's next.
         self._offset = steps_done + 1
         self.checker = InvariantChecker(
-            optimizers, model, emit_event=self._on_event, emit_status=self._on_status, config=config,
+            optimizers, model, emit_violation=self._on_violation, emit_status=self._on_status, config=config,
             rank=rank, step_clock=step_clock,
         )
 
@@ -89,7 +89,8 @@ class InvariantLink:
             # The invariant holds again: its episode, if any, ends here.
             self._tracker.observe(self._owners[name], self._step(step), (), quiet_to_close=1)
 
-    def _on_event(self, kind: str, severity: str, message: str, step: int, details: dict[str, Any]) -> None:
+    def _on_violation(self, kind: str, severity: str, message: str, step: int,
+                      details: dict[str, Any]) -> None:
         owner = self._by_kind.get(kind) or self._owners.setdefault(kind, _Owner(kind))
         finding = Finding(kind, message, dict(details or {}), severity=severity)
         self._tracker.observe(owner, self._step(step), [finding], quiet_to_close=self._NEVER)

@@ -17,32 +17,31 @@ the step time on average. A sample:
   batch); the forward hooks exist only while a sample is being taken.
 
 Everything is computed on the device and read back together with the step's loss in one
-transfer (:mod:`publisher.fetch`); nothing here reads a device tensor.
+transfer (:mod:`publisher.collect.fetch`); nothing here reads a device tensor.
 
-Defaults cite ``shared/notes/prior-art.md``: SageMaker Debugger samples tensors every N steps
+Defaults follow public tools: SageMaker Debugger samples tensors every N steps
 (its rules default to a few hundred steps; detection latency matters more here, hence 10) and
-AutoTrainer reports ~1 % overhead on healthy runs: the order of all the Monitor's budgets together
-(:mod:`publisher.budget`).
+AutoTrainer (ICSE 2021) reports ~1 % overhead on healthy runs: the order of all the Monitor's budgets together
+(:mod:`publisher.collect.budget`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import torch
 from torch import nn
 
-from publisher.budget import CostBudget, check_share
-from publisher.invariants.config import InvariantConfig
-from publisher.invariants.core import CostMeter, ParamNamer, flat_sample, sample_stride, stack_on, unwrap
-from publisher.invariants.discovery import RootDiscovery
-from publisher.layer_sample import SampleLayout, spread
+from publisher.collect.budget import CostBudget, CostMeter, Schedule, check_share
+from publisher.stats.discovery import RootDiscovery
+from publisher.stats.grad_norm import FusedNorms, GradNorms
+from publisher.stats.layer_sample import SampleLayout, spread
+from publisher.stats.probes import ActivationProbe, UpdateProbe
+from publisher.stats.tensors import ParamNamer, unwrap
 
 log = logging.getLogger(__name__)
 
@@ -87,235 +86,24 @@ class StatsConfig:
 # --------------------------------------------------------------------------- device-side measures
 
 
-@dataclass
-class GradNorms:
-    """Per-parameter gradient norms of one step, still on the device.
-
-    ``indices``: positions (in the parameter list given) of the parameters that had a gradient,
-    or None when all had one; ``norms``: one float32 norm each; ``total``: the global L2 norm.
-    """
-
-    indices: list[int] | None
-    norms: torch.Tensor
-    total: torch.Tensor
 
 
-def _norm(tensor: torch.Tensor) -> torch.Tensor:
-    """L2 norm as float32 of a dense or sparse tensor (a sparse one: of its coalesced values).
-
-    Half-precision tensors are summed in float32 (their own range overflows at 65504), float64
-    ones in float64 (torch refuses to narrow them while reducing).
-    """
-    if tensor.is_sparse:
-        tensor = tensor.coalesce().values()
-    wide = tensor.dtype.itemsize >= 4 if tensor.is_floating_point() else True
-    return torch.linalg.vector_norm(tensor, dtype=None if wide else torch.float32).float()
 
 
-class FusedNorms:
-    """Norms of many tensors in one ``_foreach_norm``; tensors on several devices, sparse or
-    float64 tensors take a per-tensor path, chosen once when the fused one fails."""
-
-    def __init__(self) -> None:
-        self._per_tensor = False
-
-    def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        if not self._per_tensor:
-            try:
-                return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))
-            except (RuntimeError, NotImplementedError):
-                self._per_tensor = True
-        return stack_on([_norm(t) for t in tensors], tensors[0].device)
 
 
-class GradNormer:
-    """:class:`GradNorms` of the gradients a parameter list holds now (no host-device sync)."""
-
-    def __init__(self) -> None:
-        self._norms = FusedNorms()
-
-    def __call__(self, params: Sequence[torch.Tensor]) -> GradNorms | None:
-        grads = [p.grad for p in params]
-        present = [g for g in grads if g is not None]
-        if not present:
-            return None
-        indices = None if len(present) == len(grads) else [i for i, g in enumerate(grads) if g is not None]
-        norms = self._norms(present)
-        return GradNorms(indices, norms, torch.linalg.vector_norm(norms))
 
 
-def activation_stats(output: torch.Tensor) -> torch.Tensor:
-    """The :data:`~publisher.layer_sample.ACTIVATION_FIELDS` of one tensor, a float32 vector on its device.
-
-    ``dead_frac`` is the share of units whose output is zero for every one of the values each
-    unit produced (samples of the batch, positions: :func:`rows_per_unit`): DeepDiagnosis's dead
-    nodes, SageMaker's units never active. Units are channels (dim 1) for 4-d and 5-d outputs
-    (convolutions), the last dimension otherwise. NaN counts as non-zero.
-
-    Written for reductions that are fast everywhere: on a CPU, boolean masks and ``std_mean`` cost
-    5 to 20 times a plain sum (measured: 28 ms for the naive version on a 32x128x512 output, 9 ms
-    for this one, single thread), so the spread comes from the sum and the norm, dead units from
-    per-unit max and min, the zeros from ``sign``.
-    """
-    x = output.detach()
-    values = x if x.dtype == torch.float32 else x.float()
-    n = values.numel()
-    low, high = torch.aminmax(values)
-    mean = values.sum() / n
-    root_sum_sq = torch.linalg.vector_norm(values)
-    std = (root_sum_sq * root_sum_sq / n - mean * mean).clamp_min(0).sqrt()
-    nan = torch.count_nonzero(torch.isnan(values))
-    # sign() of NaN is 0 on some devices and NaN on others: count NaN apart, as non-zero.
-    zero_frac = 1 - (values.sign().abs_().nan_to_num_(0.0).sum() + nan) / n
-    if values.ndim >= 2:
-        unit_dim = _unit_dim(values)
-        batch_dims = tuple(d for d in range(values.ndim) if d != unit_dim)
-        dead = ((values.amax(dim=batch_dims) == 0) & (values.amin(dim=batch_dims) == 0)).float().mean()
-    else:
-        dead = zero_frac
-    inf = torch.count_nonzero(torch.isinf(values))
-    return torch.stack([low, high, mean, std, nan.float(), inf.float(), zero_frac, dead])
 
 
-def _unit_dim(x: torch.Tensor) -> int:
-    return 1 if x.ndim >= 4 else x.ndim - 1
 
 
-def rows_per_unit(x: torch.Tensor) -> int:
-    """How many values each unit produced (batch x positions): how much a dead unit says."""
-    return x.numel() // x.shape[_unit_dim(x)] if x.ndim >= 2 else 1
 
 
-def _first_float_tensor(value: Any) -> torch.Tensor | None:
-    """The tensor a module returned, or the first floating tensor of a tuple/list/dict it returned."""
-    if isinstance(value, torch.Tensor):
-        return value if value.is_floating_point() and value.numel() > 0 else None
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, list | tuple):
-        for item in value:
-            found = _first_float_tensor(item) if isinstance(item, torch.Tensor) else None
-            if found is not None:
-                return found
-    return None
 
 
-class ActivationProbe:
-    """Forward hooks on the chosen modules for one sampled forward, removed as soon as they fired.
-
-    A hook records the first *training* forward of its module after :meth:`arm` (evaluation
-    forwards in between are skipped) and removes itself, so later micro-batches, recomputation
-    under activation checkpointing and the steps between samples never call it.
-    """
-
-    def __init__(self, meter: CostMeter) -> None:
-        self.modules: list[tuple[str, nn.Module]] = []
-        self._meter = meter
-        self._handles: dict[str, Any] = {}
-        self._captured: dict[str, tuple[torch.Tensor, int]] = {}
-
-    def arm(self) -> None:
-        for name, module in self.modules:
-            if name not in self._handles:
-                self._handles[name] = module.register_forward_hook(partial(self._on_forward, name))
-
-    def take(self) -> tuple[list[tuple[str, str, int]], torch.Tensor | None]:
-        """``[(name, type, rows)]`` of the modules seen and their statistics stacked ``[n, 8]``;
-        disarms."""
-        for handle in self._handles.values():
-            handle.remove()
-        self._handles.clear()
-        captured, self._captured = self._captured, {}
-        seen = [(name, type(module).__name__, captured[name][1]) for name, module in self.modules
-                if name in captured]
-        if not seen:
-            return [], None
-        return seen, torch.stack([captured[name][0] for name, _, _ in seen])
-
-    def _on_forward(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
-        if not module.training:
-            return  # an evaluation forward: wait for a training one
-        handle = self._handles.pop(name, None)
-        if handle is not None:
-            handle.remove()
-        try:
-            with self._meter, torch.no_grad():
-                tensor = _first_float_tensor(output)
-                if tensor is not None:
-                    self._captured[name] = (activation_stats(tensor), rows_per_unit(tensor))
-        except Exception:  # a statistic must never break the user's forward
-            log.debug("tuimon: activation statistics of %s failed", name, exc_info=True)
 
 
-class UpdateProbe:
-    """Update/parameter ratios from strided element samples taken around ``optimizer.step()``.
-
-    While :attr:`armed`, each optimizer's step pre-hook copies at most ``limit`` elements of each
-    of its parameters that require grad (frozen ones are not expected to move) and its post-hook
-    turns them into ``|dw| / |w|`` per parameter (NaN where ``|w|`` is 0: a ratio of a
-    zero-initialised bias is undefined, not infinite). LBFGS's closure runs inside the step, so
-    what is compared is the step's net effect. The hooks stay registered (``Monitor.step`` may run
-    inside an optimizer hook, where torch forbids adding or removing one).
-    """
-
-    def __init__(self, limit: int, max_total: int, meter: CostMeter) -> None:
-        self.armed = False
-        self._limit = limit
-        self._max_total = max_total
-        self._meter = meter
-        self._before: dict[int, tuple[list[torch.Tensor], list[int], torch.Tensor]] = {}
-        self._ratios: dict[int, tuple[list[torch.Tensor], torch.Tensor]] = {}
-        self._handles: list[Any] = []
-
-    def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        self._handles += [optimizer.register_step_pre_hook(self._before_step),
-                          optimizer.register_step_post_hook(self._after_step)]
-
-    def take(self) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
-        """``[(params, ratios)]`` measured since armed, one entry per optimizer that stepped."""
-        self.armed = False
-        self._before.clear()
-        taken, self._ratios = list(self._ratios.values()), {}
-        return taken
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def _samples(self, params: list[torch.Tensor], strides: list[int]) -> torch.Tensor:
-        return torch.cat([flat_sample(p, s).float() for p, s in zip(params, strides, strict=True)])
-
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.armed:
-            return
-        try:
-            with self._meter, torch.no_grad():
-                params = [p for group in optimizer.param_groups for p in group["params"]
-                          if p.requires_grad and p.is_floating_point() and p.numel() > 0]
-                if not params:
-                    return
-                limit = max(16, min(self._limit, self._max_total // len(params)))
-                strides = [sample_stride(p.numel(), limit) for p in params]
-                self._before[id(optimizer)] = (params, strides, self._samples(params, strides))
-        except Exception:  # e.g. parameters spread over several devices: no ratio for this one
-            log.debug("tuimon: update-ratio probe failed before the step", exc_info=True)
-
-    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        entry = self._before.pop(id(optimizer), None)
-        if entry is None:
-            return
-        try:
-            with self._meter, torch.no_grad():
-                params, strides, before = entry
-                sizes = [math.ceil(p.numel() / s) for p, s in zip(params, strides, strict=True)]
-                change = self._samples(params, strides) - before
-                moved = torch.stack(torch._foreach_norm(list(change.split(sizes))))
-                size = torch.stack(torch._foreach_norm(list(before.split(sizes))))
-                ratios = torch.where(size > 0, moved / size, torch.full_like(size, math.nan))
-                self._ratios[id(optimizer)] = (params, ratios)
-        except Exception:
-            log.debug("tuimon: update-ratio probe failed after the step", exc_info=True)
 
 
 # --------------------------------------------------------------------------- the sampler
@@ -347,8 +135,8 @@ class LayerSampler:
 
     Protocol with the :class:`~publisher.monitor.Monitor`, once per ``Monitor.step``: if
     :attr:`sampling`, :meth:`collect` returns the device tensors to fetch and the
-    :class:`~publisher.layer_sample.SampleLayout` that turns their host copies into a
-    :class:`~publisher.layer_sample.LayerSample`; then :meth:`advance` moves the schedule on and
+    :class:`~publisher.stats.layer_sample.SampleLayout` that turns their host copies into a
+    :class:`~publisher.stats.layer_sample.LayerSample`; then :meth:`advance` moves the schedule on and
     arms the probes for the next sampled step. Without a model (zero-code runs) the model
     is found at a forward, as the invariant checker does (:class:`RootDiscovery`).
     """
@@ -380,7 +168,7 @@ class LayerSampler:
         if model is not None:
             self._adopt(model)
         elif self._activations is not None:
-            schedule = InvariantConfig(dense_steps=max(1, config.dense), check_every=config.every)
+            schedule = Schedule(max(1, config.dense), config.every)
             adopt = partial(self._adopt, discovered=True)
             self._discovery = RootDiscovery(schedule, self._trained_ids, adopt)
             self._discovery.meter = self._meter
@@ -442,7 +230,7 @@ class LayerSampler:
     def advance(self, step_time: float | None) -> None:
         """After each ``Monitor.step``: choose the next sampled step and arm the probes for it.
 
-        ``step_time``: the typical step time in seconds (:class:`~publisher.budget.StepClock`), or
+        ``step_time``: the typical step time in seconds (:class:`~publisher.collect.budget.StepClock`), or
         None when not known yet; what the ``budget`` is a share of.
         """
         self._calls += 1

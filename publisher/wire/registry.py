@@ -1,7 +1,7 @@
 """Discovery of the live runs on this node: one small JSON file per publisher in a runtime folder.
 
 ``tuimon watch`` with no argument must find every run the user started here without being told a
-port. Each :class:`~publisher.transport.Publisher` writes ``<run>.<rank>.<pid>.json`` into the
+port. Each :class:`~publisher.wire.transport.Publisher` writes ``<run>.<rank>.<pid>.json`` into the
 runtime folder once its sockets are bound and removes it on exit; a process that died without
 cleaning up is recognised by its pid (and its start time, so that a recycled pid does not
 resurrect a dead run) and its file is removed by the next reader.
@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from publisher.protocol import PROTOCOL_VERSION
+from publisher.wire.protocol import PROTOCOL_VERSION
 
 #: A registry file is a few hundred bytes; anything much larger is not ours and is not read.
 _MAX_ENTRY_BYTES = 64 * 1024

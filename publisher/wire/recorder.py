@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from publisher.protocol import ProtocolError, decode
+from publisher.wire.protocol import ProtocolError, decode
 
 #: Frames reach the operating system at least this often.
 FLUSH_INTERVAL_S = 0.5

@@ -1,6 +1,6 @@
 """Zero-code instrumentation: monitor an unmodified PyTorch program (what ``tuimon run`` loads).
 
-``tuimon run`` puts ``publisher/_autostart`` on ``PYTHONPATH``; its ``sitecustomize`` calls
+``tuimon run`` puts ``publisher/autohook/_autostart`` on ``PYTHONPATH``; its ``sitecustomize`` calls
 :func:`install` in every Python process of the job (the launcher, ``torchrun`` workers, children
 of ``torch.multiprocessing.spawn``). Nothing happens until the program imports torch, and no
 Monitor exists until an optimizer steps, so processes that never train (a launcher, DataLoader
@@ -90,7 +90,8 @@ class _Session:
         self.depth = 0
 
     def start_monitor(self, optimizer: Any) -> None:
-        from publisher.monitor import Monitor, default_rank
+        from publisher.collect.identity import default_rank
+        from publisher.monitor import Monitor
 
         # By the first optimizer step torch.distributed is initialised, so the rank is known.
         rank = default_rank()

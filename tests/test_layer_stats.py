@@ -15,18 +15,13 @@ import pytest
 import torch
 from torch import nn
 
-from publisher.fetch import DeviceFetch
-from publisher.layer_sample import ACTIVATION_FIELDS, spread
-from publisher.memory import MemoryReader
+from publisher.collect.fetch import DeviceFetch
+from publisher.collect.memory import MemoryReader
 from publisher.monitor import Monitor
-from publisher.tensorstats import (
-    GradNormer,
-    LayerSampler,
-    StatsConfig,
-    activation_stats,
-    default_modules,
-    rows_per_unit,
-)
+from publisher.stats.grad_norm import GradNormer
+from publisher.stats.layer_sample import ACTIVATION_FIELDS, spread
+from publisher.stats.probes import activation_stats, rows_per_unit
+from publisher.stats.sampler import LayerSampler, StatsConfig, default_modules
 
 
 def mlp(seed: int = 0) -> nn.Sequential:

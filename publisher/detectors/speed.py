@@ -1,8 +1,8 @@
 """Detectors that read time and memory: throughput, slow steps, the input pipeline, leaks.
 
 They read the step metrics ``step_time``, ``data_time``, ``samples_per_s`` / ``tokens_per_s``,
-``host_mem_bytes`` and ``cuda_mem_allocated`` (see docs/protocol.md). Defaults cite
-``shared/notes/prior-art.md``.
+``host_mem_bytes`` and ``cuda_mem_allocated`` (see docs/protocol.md). Defaults follow SageMaker
+Debugger's profiler rules (step outlier, CPU bottleneck, memory growth), as each class says.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from publisher.findings import Detector, Finding, Metrics, fmt, where
+from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
 
 _MIB = 1024 * 1024
 
@@ -33,13 +33,13 @@ def _rate(metrics: Metrics) -> tuple[str, float] | None:
 class ThroughputDrop(Detector):
     """Throughput fell to ``ratio`` (0.5) of its level before, for a whole ``window`` of steps.
 
-    The median throughput of the last ``window`` (20) steps against the median of the
-    ``baseline`` (100) steps before them; medians, so one slow step (an evaluation pause, a
-    checkpoint, garbage collection) changes neither. Checked once ``warmup`` (10) steps are
-    past, and only when the slow window lasted ``min_duration_s`` (1 s) of wall time: a
-    millisecond-scale loop that loses the CPU for a few milliseconds is not a drop. After
-    ``baseline`` slow steps the slow level is the new baseline and the episode ends. BLOOM lost
-    5 % to one slow GPU unnoticed (prior-art.md); a halving is what is worth an alarm by default.
+    The median throughput of the last ``window`` (20) steps against the median of the ``baseline``
+    (100) steps before them; medians, so one slow step (an evaluation pause, a checkpoint, garbage
+    collection) changes neither. Checked once ``warmup`` (10) steps are past, and only when the slow
+    window lasted ``min_duration_s`` (1 s) of wall time: a millisecond-scale loop that loses the CPU
+    for a few milliseconds is not a drop. After ``baseline`` slow steps the slow level is the new
+    baseline and the episode ends. BLOOM lost 5 % to one slow GPU unnoticed (BigScience BLOOM-176B
+    training chronicles); a halving is what is worth an alarm by default.
     """
 
     quiet_to_close = 20

@@ -1,6 +1,7 @@
 """Detectors that read the loss: non-finite values, spikes, and a loss that never decreases.
 
-Defaults cite ``shared/notes/prior-art.md``.
+Defaults come from public tools, named in each class: SageMaker Debugger's rules, Megatron-LM,
+LLM Foundry, Lightning Fabric, OLMo-core, ZClip and AutoTrainer (ICSE 2021).
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from publisher.findings import Detector, Finding, Metrics, fmt, where
-from publisher.invariants.core import name_list
-from publisher.layer_sample import LayerSample
+from publisher.detectors.base import Detector, Finding, Metrics, fmt, name_list, where
+from publisher.stats.layer_sample import LayerSample
 
 
 class NonFiniteLoss(Detector):
     """Loss is NaN or +/-Inf: critical, from the first occurrence.
 
-    Every tool in prior-art.md treats a non-finite loss as an immediate fault (SageMaker's
+    Every public tool treats a non-finite loss as an immediate fault (SageMaker's
     "exploding tensor" rule; AutoTrainer's "loss NaN"; Lightning Fabric counts it as a spike).
     The event says where the numbers went bad: the last finite loss before it, and (from the
     per-layer sample the Monitor takes when the gradient norm is not finite) which parameters

@@ -1,8 +1,9 @@
 """Detectors that read gradients, weights, updates and layer outputs.
 
 :class:`GradExplosion` reads the step's global gradient norm; the others read the per-layer
-samples of :mod:`publisher.tensorstats` (every few steps, and on every step whose gradient norm
-is not finite). Defaults cite ``shared/notes/prior-art.md``.
+samples of :mod:`publisher.stats.sampler` (every few steps, and on every step whose gradient norm
+is not finite). Defaults come from SageMaker Debugger's built-in rules (vanishing gradient, weight
+update ratio, dead ReLU), AutoTrainer (ICSE 2021) and DeepDiagnosis (ICSE 2022), as each class says.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from publisher.findings import Detector, Finding, Metrics, Streak, fmt, where
-from publisher.invariants.core import name_list
-from publisher.layer_sample import LayerSample, ParamStat
+from publisher.detectors.base import Detector, Finding, Metrics, Streak, fmt, name_list, where
+from publisher.stats.layer_sample import LayerSample, ParamStat
 
 
 def _rms(param: ParamStat) -> float | None:
@@ -32,7 +32,7 @@ class GradExplosion(Detector):
     right-skewed. An observation is high when it is ``ratio`` (10) times the baseline AND
     ``z`` (2.5, ZClip's threshold) deviations above it; ``persist`` (3) high observations in a
     row make an explosion (LLM Foundry asks > 4 steps for loss spikes): one bad batch gives a
-    one-step spike, which :class:`~publisher.detect_loss.LossSpike` reports, while a divergence
+    one-step spike, which :class:`~publisher.detectors.loss.LossSpike` reports, while a divergence
     keeps growing (BLOOM: 0.24 -> 960). High values stay out of the baseline; after
     ``rebase_after`` (200) high observations in a row the new level is accepted. Non-finite
     norms are ``nonfinite_grad``'s.
@@ -119,7 +119,7 @@ class NonFiniteGrads(Detector):
     """A gradient holds NaN or Inf while the loss is finite: critical, naming the parameters.
 
     SageMaker's "exploding tensor" rule, applied per parameter. A non-finite loss makes every
-    gradient non-finite; that case is :class:`~publisher.detect_loss.NonFiniteLoss`'s. With a
+    gradient non-finite; that case is :class:`~publisher.detectors.loss.NonFiniteLoss`'s. With a
     finite loss the fault is in the backward pass itself (sqrt or norm of an exact 0, a custom
     autograd function, an overflow in fp16 gradients).
     """
@@ -263,7 +263,7 @@ class UpdateRatio(Detector):
     - too high: ``|dw| / |w| > max_ratio`` (10, SageMaker) on one sample, or a jump: at least
       ``jump`` (10) times the median of that parameter's last ``history`` (5) samples AND above
       ``jump_floor`` (1e-2; the usual rule of thumb for healthy training is about 1e-3, not a
-      default from prior-art.md): a learning rate suddenly 100x larger shows here at once, while
+      default of any of those tools): a learning rate suddenly 100x larger shows here at once, while
       a warm restart from a near-zero rate (1e-5 -> 1e-3) stays quiet;
     - too low: above 0 but below ``min_ratio`` (1e-8, SageMaker) on ``confirm`` (2) samples in a
       row while ``lr * |grad| / |w|`` (what plain SGD would have moved) is at least 100x larger:

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -37,10 +36,11 @@ from typing import Any
 
 import zmq
 
-from publisher import registry
-from publisher.history import SnapshotHistory
-from publisher.protocol import MESSAGE_TYPES, PROTOCOL_VERSION, RUN_END_STATUSES, encode, make_message
-from publisher.recorder import Recorder
+from publisher.wire import registry
+from publisher.wire.history import SnapshotHistory
+from publisher.wire.protocol import MESSAGE_TYPES, PROTOCOL_VERSION, RUN_END_STATUSES, encode, make_message
+from publisher.wire.recorder import Recorder
+from publisher.wire.run_end import end_status, end_status_at_exit
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,6 @@ def _is_snapshot_request(frame: bytes) -> bool:
         and request.get("v") == PROTOCOL_VERSION
         and request.get("type") == "snapshot_request"
     )
-
-
-def end_status(exc: BaseException | None) -> tuple[str, str | None]:
-    """The ``run_end`` status and error for a run that ended with ``exc`` (None: it completed)."""
-    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
-        return "completed", None
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", None
-    return "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
 
 
 class Publisher:
@@ -406,12 +397,8 @@ class Publisher:
             registry.unregister(self._registry_path)
 
     def _close_at_exit(self) -> None:
-        """The script ended without close(): report how (an uncaught exception sets sys.last_value).
-
-        In an interactive session an earlier error shown at the prompt also sets it; call close().
-        """
-        status, error = end_status(getattr(sys, "last_value", None))
-        self.close(status, error)
+        """The script ended without close(): report how (see :func:`end_status_at_exit`)."""
+        self.close(*end_status_at_exit())
 
     def __enter__(self) -> Publisher:
         return self

@@ -1,13 +1,13 @@
 """Bring a step's small device tensors to the host in one copy, without stalling the training loop.
 
 Reading a CUDA tensor (``loss.item()``) makes the CPU wait for everything queued on the GPU: one
-such read per step removes the CPU's lead over the GPU and can cost more than the monitoring
-itself. Here the tensors a step wants to report (loss, gradient norms, sampled statistics) are
-concatenated on their device and copied once to pinned host memory with ``non_blocking=True``; a
-CUDA event marks the copy (:class:`publisher.invariants.core.HostValue`, shared with the
-invariant checker). Each later call looks at the oldest copies and hands the ones that landed to
-their callbacks, in submission order; nothing ever waits for the GPU unless ``MAX_IN_FLIGHT`` steps
-are outstanding (a loop that never synchronises) or at :meth:`DeviceFetch.drain` with ``wait``.
+such read per step removes the CPU's lead over the GPU and can cost more than the monitoring itself.
+Here the tensors a step wants to report (loss, gradient norms, sampled statistics) are concatenated
+on their device and copied once to pinned host memory with ``non_blocking=True``; a CUDA event marks
+the copy (:class:`HostValue`, shared with the invariant checker). Each later call looks at the
+oldest copies and hands the ones that landed to their callbacks, in submission order; nothing ever
+waits for the GPU unless ``MAX_IN_FLIGHT`` steps are outstanding (a loop that never synchronises) or
+at :meth:`DeviceFetch.drain` with ``wait``.
 
 CPU tensors need none of this: their callbacks run at once, on the values in place.
 """
@@ -19,7 +19,31 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from publisher.invariants.core import HostValue
+
+class HostValue:
+    """A small device tensor on its way to host memory, read only once it has arrived."""
+
+    __slots__ = ("_event", "_host")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        tensor = tensor.detach()
+        if tensor.device.type == "cuda":
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(tensor.device))
+            self._host, self._event = host, event
+        else:
+            self._host, self._event = tensor.cpu(), None
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def wait(self) -> torch.Tensor:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host
+
 
 Arrival = Callable[[list[torch.Tensor]], None]
 _NOTHING = torch.empty(0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from publisher.protocol import wire_number
+from publisher.wire.protocol import wire_number
 
 #: Nesting deeper than this is cut (a self-referencing config would otherwise recurse forever).
 MAX_DEPTH = 20

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from publisher.jsonsafe import json_safe
+from publisher.wire.jsonsafe import json_safe
 
 #: A git that hangs (network filesystem, huge repo) must not delay the start of training.
 GIT_TIMEOUT_S = 2.0

@@ -13,9 +13,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 if os.environ.get("TUIMON_AUTOSTART") == "1":
     try:
-        from publisher import autohook
+        from publisher.autohook import hooks
 
-        autohook.install()
+        hooks.install()
     except Exception as exc:  # e.g. another interpreter without tuimon installed
         print(f"tuimon: not monitoring this process ({type(exc).__name__}: {exc})", file=sys.stderr)
 

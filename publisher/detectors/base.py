@@ -1,9 +1,10 @@
 """The detector contract: what a detector sees, and the :class:`Finding` it answers with.
 
-Kept apart from the detectors themselves (``publisher.detect_*``) and from the episode logic
-(``publisher.detectors``) so that every detector module depends on this one only. Observations
+Kept apart from the detectors themselves (one module per signal beside this one) and from the
+episode logic (:mod:`publisher.detectors.episodes`) so that every detector module depends on this
+one only. Observations
 are plain numbers: a step's metrics, a GPU reading, or a sampled per-layer
-:class:`~publisher.layer_sample.LayerSample` already fetched to the host.
+:class:`~publisher.stats.layer_sample.LayerSample` already fetched to the host.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from publisher.event_kinds import EVENT_KINDS
+from publisher.wire.event_kinds import EVENT_KINDS
 
 if TYPE_CHECKING:
-    from publisher.layer_sample import LayerSample
+    from publisher.stats.layer_sample import LayerSample
 
 Metrics = Mapping[str, float]
 Devices = Sequence[Mapping[str, Any]]
@@ -100,3 +101,10 @@ class Streak:
     def update(self, condition: bool) -> int:
         self.count = self.count + 1 if condition else 0
         return self.count
+
+
+def name_list(names: Sequence[str], limit: int = 6) -> str:
+    """``a, b, c and 4 more``: parameter lists short enough for a one-line message."""
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:limit])} and {len(names) - limit} more"

@@ -1,7 +1,7 @@
 """Detectors that read the GPU samples (NVML or the simulated source): idle, unbalanced, throttled, failing.
 
-Defaults cite ``shared/notes/prior-art.md``. GPUs are the node's: only the process of local rank 0
-samples them, so these run there only.
+Defaults follow SageMaker Debugger's profiler rules (low GPU utilisation, load balancing). GPUs are
+the node's: only the process of local rank 0 samples them, so these run there only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from publisher.findings import Detector, Devices, Finding, where
+from publisher.detectors.base import Detector, Devices, Finding, where
 
 
 class GpuImbalance(Detector):
@@ -129,8 +129,8 @@ class GpuEcc(Detector):
     """New volatile uncorrected ECC errors on a GPU: critical.
 
     Any uncorrected error means the data on that GPU can no longer be trusted; memory faults were
-    17 % of Llama 3 405B's interruptions and a daily event on OPT-175B (prior-art.md). Reported
-    when the counter first shows errors and whenever it rises.
+    17 % of Llama 3 405B's interruptions and a daily event on OPT-175B (Llama 3 paper, 2024; OPT-175B
+    logbook). Reported when the counter first shows errors and whenever it rises.
     """
 
     quiet_to_close = 10

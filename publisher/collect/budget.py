@@ -17,6 +17,7 @@ checks 0.25 % (``InvariantConfig.budget``).
 from __future__ import annotations
 
 import math
+import time
 
 
 def check_share(value: object, what: str) -> float:
@@ -95,3 +96,67 @@ class CostBudget:
         if self.share < 1.0 and self.cost is not None and step_time:
             gap = max(gap, math.ceil(self.cost / (self.share * step_time)))
         return gap if self.longest is None else min(gap, max(self.longest, self.every))
+
+
+class Schedule:
+    """Which step indices a check runs on: the first ``dense`` ones, regular ones, and requests.
+
+    Regular steps are ``every`` apart. :meth:`retime` changes the period from the next regular
+    step on, so the step a check already planned for (its hooks may be armed) stays due.
+    """
+
+    def __init__(self, dense: int, every: int) -> None:
+        self._dense = dense
+        self.every = every
+        self._anchor = 0  # a regular step; the others are every ``every`` from it
+        self._requested: set[int] = set()
+
+    def due(self, index: int) -> bool:
+        return (index < self._dense or self.regular(index)
+                or (bool(self._requested) and index in self._requested))
+
+    def regular(self, index: int) -> bool:
+        """Is ``index`` one of the periodic steps (not a dense one, not a request)?"""
+        return index >= self._anchor and (index - self._anchor) % self.every == 0
+
+    def next_due(self, index: int) -> int:
+        """The first step index >= ``index`` that is due."""
+        if index < self._dense:
+            return index
+        return min([self._next_regular(index), *(i for i in self._requested if i >= index)])
+
+    def request(self, index: int) -> None:
+        """Also run on step ``index`` (a check confirming a suspicion on the next step)."""
+        self._requested = {i for i in self._requested if i >= index - 1}
+        self._requested.add(index)
+
+    def retime(self, every: int, index: int) -> None:
+        """Make regular steps ``every`` apart from the first regular one >= ``index`` on."""
+        if every != self.every:
+            self._anchor = self._next_regular(index)
+            self.every = every
+
+    def _next_regular(self, index: int) -> int:
+        anchor = self._anchor
+        return anchor + -(-max(0, index - anchor) // self.every) * self.every
+
+
+class CostMeter:
+    """Wall time spent in the checker's hooks (``with meter:``), reported as its own overhead."""
+
+    __slots__ = ("_depth", "_started", "spent_ns")
+
+    def __init__(self) -> None:
+        self.spent_ns = 0
+        self._started = 0
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        if self._depth == 0:
+            self._started = time.perf_counter_ns()
+        self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.spent_ns += time.perf_counter_ns() - self._started

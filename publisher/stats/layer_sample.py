@@ -1,6 +1,6 @@
 """One per-layer sample on the host: what the detectors read and the ``layers`` payload of a message.
 
-Kept apart from the device-side measurement (:mod:`publisher.tensorstats`) so that readers of a
+Kept apart from the device-side measurement (:mod:`publisher.stats.sampler`) so that readers of a
 sample (the detectors) need neither torch nor the sampler: a sample is plain numbers, one
 :class:`ParamStat` per trained parameter and one :class:`ModuleStat` per measured module.
 :class:`SampleLayout` is the bridge: the host-side description of which device number belongs to
@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from publisher.protocol import wire_number
+from publisher.wire.protocol import wire_number
 
 if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
 
-#: The statistics of a module's output, in the order ``tensorstats.activation_stats`` computes them.
+#: The statistics of a module's output, as :func:`~publisher.stats.probes.activation_stats` orders them.
 ACTIVATION_FIELDS = ("min", "max", "mean", "std", "nan", "inf", "zero_frac", "dead_frac")
 #: The per-parameter numbers of a sample.
 PARAM_FIELDS = ("grad_norm", "param_norm", "update_ratio")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from publisher import sysinfo
+from publisher.collect import sysinfo
 
 #: Host RSS is a syscall: read it at most this often, not every step.
 DEFAULT_INTERVAL_S = 0.5

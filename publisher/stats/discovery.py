@@ -16,16 +16,18 @@ from collections.abc import Callable
 from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from publisher.invariants.config import InvariantConfig
-from publisher.invariants.core import Check, Schedule
+from publisher.collect.budget import Schedule
+from publisher.stats.hooks import Check
 
 _PATIENCE = 10
 
 
 class RootDiscovery(Check):
-    def __init__(self, config: InvariantConfig, owned: Callable[[], set[int]],
+    """Adopts the outermost modules that hold optimizer parameters, on the steps ``schedule`` says."""
+
+    def __init__(self, schedule: Schedule, owned: Callable[[], set[int]],
                  adopt: Callable[[nn.Module], None]) -> None:
-        self.schedule = Schedule(config.dense_steps, config.check_every)
+        self.schedule = schedule
         self._owned = owned
         self._adopt = adopt
         self._handle = None

@@ -1,0 +1,70 @@
+"""Which run, rank and world this process is, from the environment launchers set.
+
+``torchrun``, ``torch.multiprocessing.spawn`` under ``tuimon run``, Slurm wrappers and
+``accelerate launch`` all export ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (the ``torch.distributed``
+environment convention); a process group, once up, says the same. Reading the environment first
+means a Monitor created before ``init_process_group`` still knows its rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+
+def env_int(name: str) -> int | None:
+    """An integer environment variable, None when it is unset or not an integer."""
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _distributed() -> Any:
+    """``torch.distributed`` when a process group is up, else None."""
+    dist = torch.distributed
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def default_rank() -> int:
+    """``$RANK``, else the torch.distributed rank once a process group is up, else 0."""
+    rank = env_int("RANK")
+    if rank is not None:
+        return rank
+    dist = _distributed()
+    return dist.get_rank() if dist else 0
+
+
+def default_world_size() -> int:
+    """``$WORLD_SIZE``, else the process group's size, else 1."""
+    size = env_int("WORLD_SIZE")
+    if size is not None:
+        return size
+    dist = _distributed()
+    return dist.get_world_size() if dist else 1
+
+
+def local_rank() -> int:
+    """``$LOCAL_RANK`` (the process's index on its node), else 0."""
+    return env_int("LOCAL_RANK") or 0
+
+
+def default_run_name() -> str:
+    """``$TUIMON_RUN``, else a timestamp (set TUIMON_RUN so that all ranks share one name)."""
+    return os.environ.get("TUIMON_RUN") or time.strftime("run-%Y%m%d-%H%M%S")
+
+
+def describe_model(model: torch.nn.Module | None) -> dict[str, Any] | None:
+    """Class name and parameter counts, for ``run_start``: enough to tell two runs' models apart."""
+    if model is None:
+        return None
+    params = list(model.parameters())
+    return {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in params),
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+    }

@@ -1,0 +1,29 @@
+"""One step's numbers as the training thread reads them: host numbers now, device ones later.
+
+Reading a CUDA scalar (``.item()``) waits for the GPU; so a number on the CPU is read at once
+(free) and one on an accelerator is set aside for the step's single asynchronous copy
+(:mod:`publisher.collect.fetch`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StepReadings:
+    """``metrics``: the numbers already on the host; ``waiting``: (name, device scalar) pairs."""
+
+    __slots__ = ("metrics", "waiting")
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+        self.waiting: list[tuple[str, torch.Tensor]] = []
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        """A number or a one-element tensor: read now if it is on the CPU, else set aside."""
+        if not isinstance(value, torch.Tensor):
+            self.metrics[name] = float(value)
+        elif value.is_cpu:
+            self.metrics[name] = value.item()
+        else:
+            self.waiting.append((name, value))

@@ -1,0 +1,72 @@
+"""When steps happen: the time between them, the typical step, and the time spent waiting for data.
+
+The step time is measured between two ``Monitor.step()`` calls (one optimizer step to the next),
+so it includes everything the loop does: data loading, forward, backward, the optimizer, logging.
+The data wait is measured separately around the loader's ``next()``, which tells a starved GPU
+from a slow model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+from publisher.collect.budget import StepClock
+
+T = TypeVar("T")
+
+#: A training loop silent for this long (or 3 steps' time, if longer) counts as idle.
+IDLE_AFTER_S = 2.0
+
+
+class StepTimer:
+    """The training thread's clock: :meth:`tick` once per step; :attr:`clock` the typical step."""
+
+    def __init__(self) -> None:
+        self.clock = StepClock()
+        self.last_at: float | None = None
+        #: The raw time of the latest step (the typical one is ``clock.seconds``).
+        self.last_time = 0.0
+        self._pending_data_time: float | None = None
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Training is over: :meth:`busy` says 0.0 from now on."""
+        self._stopped = True
+
+    def tick(self, now: float) -> float | None:
+        """A step ended at ``now``: the seconds since the previous one (None for the first)."""
+        previous, self.last_at = self.last_at, now
+        if previous is None:
+            return None
+        elapsed = now - previous
+        self.last_time = elapsed
+        self.clock.observe(elapsed)
+        return elapsed
+
+    def track(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Iterate ``iterable``, timing each fetch; :meth:`data_time` hands the last one over."""
+        iterator = iter(iterable)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._pending_data_time = time.perf_counter() - started
+            yield item
+
+    def data_time(self, given: float | None) -> float | None:
+        """The step's data wait: ``given`` by the caller, else the one :meth:`track` measured."""
+        if given is None:
+            given, self._pending_data_time = self._pending_data_time, None
+        return given
+
+    def busy(self) -> float:
+        """1.0 while steps keep coming, 0.0 once they stopped (a simulated GPU follows this)."""
+        last = self.last_at
+        if last is None or self._stopped:
+            return 0.0
+        idle_after = max(IDLE_AFTER_S, 3.0 * self.last_time)
+        return 1.0 if time.perf_counter() - last < idle_after else 0.0
