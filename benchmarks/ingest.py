@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from textual import events
 
-from tuimon.app import TuimonApp
-from tuimon.receiver import LiveSource
+from tuimon.sources.live import LiveSource
+from tuimon.ui.app import TuimonApp
 
 RUN = "bench"
 #: The publisher: binds, prints its endpoint, waits for "go", then sends at the target rate for the

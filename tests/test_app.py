@@ -13,17 +13,17 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
-from tuimon.app import TuimonApp
-from tuimon.receiver import LiveSource
-from tuimon.replay import ReplaySource
-from tuimon.screens.event_detail import EventDetailScreen
-from tuimon.screens.help import HelpScreen
-from tuimon.screens.incidents import IncidentScreen
-from tuimon.widgets.charts import MetricChart, envelope
-from tuimon.widgets.events import EventLog
-from tuimon.widgets.gpu import GpuCard, GpuPanel
-from tuimon.widgets.header import RunHeader
-from tuimon.widgets.invariants import InvariantTable
+from tuimon.sources.live import LiveSource
+from tuimon.sources.replay import ReplaySource
+from tuimon.ui.app import TuimonApp
+from tuimon.ui.dashboard.charts import MetricChart, envelope
+from tuimon.ui.dashboard.events import EventLog
+from tuimon.ui.dashboard.gpu import GpuCard, GpuPanel
+from tuimon.ui.dashboard.header import RunHeader
+from tuimon.ui.dashboard.invariants import InvariantTable
+from tuimon.ui.event_detail import EventDetailScreen
+from tuimon.ui.help import HelpScreen
+from tuimon.ui.incidents.screen import IncidentScreen
 
 SIZE = (160, 48)
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from conftest import TUIMON, Terminal
 
-from tuimon.app import HANGUP_GRACE_S
+from tuimon.ui.terminal import HANGUP_GRACE_S
 
 #: A closed terminal must end the dashboard within this many seconds.
 HANGUP_EXIT_S = 5.0

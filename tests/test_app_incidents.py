@@ -15,17 +15,17 @@ import pytest
 from conftest import synthetic_run, wait_for_screen, write_recording
 from textual.pilot import Pilot
 
-from tuimon.app import TuimonApp
 from tuimon.kb import IncidentDraft, KnowledgeBase
-from tuimon.replay import ReplaySource
-from tuimon.screens.help import HelpScreen
-from tuimon.screens.incident_dialogs import TriedDialog
-from tuimon.screens.incidents import EXPORT_DIR, IncidentScreen
-from tuimon.screens.kb_link import KbLink
-from tuimon.widgets.events import EventLog
-from tuimon.widgets.incident_list import IncidentList
-from tuimon.widgets.incident_text import HIGHLIGHT_STYLE
-from tuimon.widgets.runbook_checklist import RunbookChecklist
+from tuimon.sources.replay import ReplaySource
+from tuimon.ui.app import TuimonApp
+from tuimon.ui.dashboard.events import EventLog
+from tuimon.ui.help import HelpScreen
+from tuimon.ui.incidents.dialogs import TriedDialog
+from tuimon.ui.incidents.format import HIGHLIGHT_STYLE
+from tuimon.ui.incidents.incident_list import IncidentList
+from tuimon.ui.incidents.runbook_checklist import RunbookChecklist
+from tuimon.ui.incidents.screen import EXPORT_DIR, IncidentScreen
+from tuimon.ui.services.kb_link import KbLink
 
 SIZE = (160, 48)
 #: docs/incidents.md: "a note written in one tuimon appears in the others within two seconds".

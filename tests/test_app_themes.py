@@ -10,10 +10,10 @@ import pytest
 from conftest import wait_for_screen
 from textual_plotext import PlotextPlot
 
-from tuimon.app import TuimonApp
 from tuimon.errors import UserError
-from tuimon.replay import ReplaySource
-from tuimon.themes import THEME_ORDER, check_theme_name, load_theme, load_themes, themes_dir
+from tuimon.sources.replay import ReplaySource
+from tuimon.ui.app import TuimonApp
+from tuimon.ui.themes import THEME_ORDER, check_theme_name, load_theme, load_themes, themes_dir
 
 
 def test_the_shipped_themes_load() -> None:

@@ -13,11 +13,11 @@ import pytest
 from conftest import Terminal, wait_for_screen
 from textual_plotext import PlotextPlot
 
-from tuimon.app import TuimonApp
-from tuimon.receiver import LiveSource
-from tuimon.replay import load_recordings
-from tuimon.widgets.events import EventLog
-from tuimon.widgets.gpu import GpuCard
+from tuimon.sources.live import LiveSource
+from tuimon.sources.replay import load_recordings
+from tuimon.ui.app import TuimonApp
+from tuimon.ui.dashboard.events import EventLog
+from tuimon.ui.dashboard.gpu import GpuCard
 
 
 @pytest.fixture

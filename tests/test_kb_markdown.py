@@ -10,9 +10,9 @@ import pytest
 
 from publisher.wire.protocol import make_message
 from tuimon.kb import IncidentDraft, KnowledgeBase
+from tuimon.kb.markdown import markdown_parser
 from tuimon.kb.markdown_import import ParseError, parse_incident
 from tuimon.kb.mdformat import SECTION_ORDER
-from tuimon.kb.runbooks import markdown_parser
 
 AWKWARD_NOTE = """Checked the grad-norm chart | pipes | and `code | spans`.
 

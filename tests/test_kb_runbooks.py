@@ -10,14 +10,8 @@ import pytest
 
 from publisher.wire.event_kinds import EVENT_KINDS
 from tuimon.kb import IncidentDraft, KnowledgeBase
-from tuimon.kb.runbooks import (
-    COMPONENTS,
-    RunbookError,
-    load_runbooks,
-    markdown_parser,
-    parse_runbook,
-    shipped_runbooks_dir,
-)
+from tuimon.kb.markdown import markdown_parser
+from tuimon.kb.runbooks import COMPONENTS, RunbookError, load_runbooks, parse_runbook, shipped_runbooks_dir
 
 SHIPPED = shipped_runbooks_dir()
 

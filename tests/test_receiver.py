@@ -14,7 +14,7 @@ from conftest import RawPublisher, wait_until
 from publisher.wire.protocol import MAX_MESSAGE_BYTES, encode
 from publisher.wire.transport import Publisher
 from tuimon.errors import UserError
-from tuimon.receiver import SILENT_ENDPOINT_S, SNAPSHOT_TIMEOUT_S, LiveSource, parse_endpoint
+from tuimon.sources.live import SILENT_ENDPOINT_S, SNAPSHOT_TIMEOUT_S, LiveSource, parse_endpoint
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from conftest import RunBuilder, synthetic_run, wait_until, write_recording
 
 from publisher.wire.protocol import encode
 from tuimon.errors import UserError
-from tuimon.replay import ReplaySource, load_recordings, parse_speed
+from tuimon.sources.replay import ReplaySource, load_recordings, parse_speed
 
 
 @pytest.fixture

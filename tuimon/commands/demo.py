@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.steps < 0:
         raise UserError("--steps must be 0 (until you quit) or more")
-    from tuimon.app import run_dashboard
-    from tuimon.receiver import LiveSource
+    from tuimon.sources.live import LiveSource
+    from tuimon.ui.terminal import run_dashboard
 
     recording = Path(args.record) if args.record else _default_recording()
     runtime = Path(tempfile.mkdtemp(prefix="tuimon-demo-"))

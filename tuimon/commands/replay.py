@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuimon.app import run_dashboard
-    from tuimon.replay import ReplaySource, parse_speed
+    from tuimon.sources.replay import ReplaySource, parse_speed
+    from tuimon.ui.terminal import run_dashboard
 
     source = ReplaySource(args.files, speed=parse_speed(args.speed), paused=args.paused)
     return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb)

@@ -26,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuimon.app import run_dashboard
-    from tuimon.receiver import LiveSource
+    from tuimon.sources.live import LiveSource
+    from tuimon.ui.terminal import run_dashboard
 
     # Bad endpoints and an unusable registry folder fail here, before the screen opens.
     source = LiveSource(args.endpoints, run=args.run)

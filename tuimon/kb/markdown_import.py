@@ -20,9 +20,9 @@ from markdown_it.token import Token
 from tuimon.errors import UserError
 from tuimon.kb import mdformat as fmt
 from tuimon.kb import model
+from tuimon.kb.markdown import block_end, line_of, markdown_parser
 from tuimon.kb.model import ContextRecord, Entry, Incident
 from tuimon.kb.problems import LineError
-from tuimon.kb.runbooks import block_end, line_of, markdown_parser
 
 _NOT_AN_EXPORT = "expected the field list ('- **ID:** ...') under the title: is this a tuimon export?"
 

@@ -114,10 +114,13 @@ def _json_text(value: Any, level: int) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
-def steps_text(first: int | None, last: int | None) -> str:
+def steps_text(first: int | None, last: int | None, *, grouped: bool = False, missing: str = "") -> str:
+    """A step range, ``12-15`` (``12,000-12,015`` when ``grouped``, for the screen; files keep plain
+    digits so that import reads them back); one step alone when ``last`` is it or unknown."""
     if first is None:
-        return ""
-    return str(first) if first == last else f"{first}-{last}"
+        return missing
+    spell = "{:,}".format if grouped else str
+    return spell(first) if first == last or last is None else f"{spell(first)}-{spell(last)}"
 
 
 def table_cell(text: Any) -> str:

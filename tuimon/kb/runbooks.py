@@ -20,14 +20,12 @@ skipped, so one bad edit never hides the other runbooks.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from markdown_it import MarkdownIt
-from markdown_it.token import Token
-
 import tuimon
+from tuimon.kb.markdown import block_end, inline_texts, line_of, list_items, markdown_parser
 from tuimon.kb.model import Entry
 from tuimon.kb.problems import FileProblem, LineError
 
@@ -93,42 +91,14 @@ class Runbook:
         return next((step for step in self.steps() if step.id == step_id), None)
 
 
-def markdown_parser() -> MarkdownIt:
-    """CommonMark plus tables: what runbooks and exports are written in (and what GitHub shows)."""
-    return MarkdownIt("commonmark").enable("table")
 
 
-def _inline_texts(tokens: Sequence[Token], start: int, end: int) -> list[str]:
-    return [token.content for token in tokens[start:end] if token.type == "inline"]
 
 
-def line_of(token: Token) -> int:
-    """The 1-based source line a block token starts on (problems name it)."""
-    return (token.map or [0])[0] + 1
 
 
-def block_end(tokens: Sequence[Token], start: int) -> int:
-    """Index just past the block that opens at ``start`` (its matching close token)."""
-    if tokens[start].nesting != 1:
-        return start + 1
-    depth = 0
-    for index in range(start, len(tokens)):
-        depth += tokens[index].nesting
-        if depth == 0:
-            return index + 1
-    return len(tokens)
 
 
-def _list_items(tokens: Sequence[Token], start: int, end: int) -> list[tuple[int, str]]:
-    """(line, text) of each top-level item of the list spanning tokens[start:end]."""
-    items = []
-    index = start + 1
-    while index < end - 1:
-        item_end = block_end(tokens, index)
-        text = "\n".join(_inline_texts(tokens, index, item_end)).strip()
-        items.append((line_of(tokens[index]), text))
-        index = item_end
-    return items
 
 
 def parse_runbook(text: str, path: Path) -> Runbook:
@@ -203,7 +173,7 @@ def parse_runbook(text: str, path: Path) -> Runbook:
         elif not title:
             raise RunbookError(line, "a runbook starts with a '# title' line")
         elif section is None:
-            content = "\n".join(_inline_texts(tokens, index, end))
+            content = "\n".join(inline_texts(tokens, index, end))
             if not _APPLIES.match(content):
                 raise RunbookError(
                     line, "before the first section, only '**Applies to:** `kind`, ...' is expected"
@@ -224,12 +194,12 @@ def parse_runbook(text: str, path: Path) -> Runbook:
         elif section in _LIST_SECTIONS:
             if token.type not in ("bullet_list_open", "ordered_list_open"):
                 raise RunbookError(line, f"section {section!r} holds a list of steps")
-            lists[section].extend(item for _, item in _list_items(tokens, index, end))
+            lists[section].extend(item for _, item in list_items(tokens, index, end))
         elif section == "likely causes":
             if cause_head is None:
                 raise RunbookError(line, "under 'Likely causes', each cause starts with a '### heading'")
             if token.type == "bullet_list_open":
-                for item_line, item in _list_items(tokens, index, end):
+                for item_line, item in list_items(tokens, index, end):
                     match = _FIELD.match(item)
                     if not match:
                         raise RunbookError(

@@ -12,14 +12,8 @@ the selected event, the run and a window of metrics around the event, read from 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import sys
-import termios
-import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from collections.abc import Iterable
+from typing import ClassVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
@@ -28,25 +22,25 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from tuimon.screens.event_detail import CONTEXT_STEPS, EventDetailScreen
-from tuimon.screens.help import HelpScreen
-from tuimon.screens.incidents import IncidentScreen, key_sections
-from tuimon.screens.kb_link import KbLink
-from tuimon.store import THROUGHPUT_METRICS, EventRecord, RunView, Store
-from tuimon.themes import DEFAULT_THEME, THEME_ORDER, check_theme_name, load_themes
-from tuimon.widgets.charts import MetricChart
-from tuimon.widgets.events import EventLog
-from tuimon.widgets.gpu import GpuPanel
-from tuimon.widgets.header import RunHeader
-from tuimon.widgets.invariants import InvariantTable
-from tuimon.widgets.status import StatusLine
+from tuimon.sources.base import ReplayControls, Source
+from tuimon.store import THROUGHPUT_METRICS, EventRecord
+from tuimon.ui.context import EventContext
+from tuimon.ui.dashboard.charts import MetricChart
+from tuimon.ui.dashboard.events import EventLog
+from tuimon.ui.dashboard.gpu import GpuPanel
+from tuimon.ui.dashboard.header import RunHeader
+from tuimon.ui.dashboard.invariants import InvariantTable
+from tuimon.ui.dashboard.status import StatusLine
+from tuimon.ui.event_detail import CONTEXT_STEPS, EventDetailScreen
+from tuimon.ui.help import HelpScreen
+from tuimon.ui.incidents.screen import IncidentScreen, key_sections
+from tuimon.ui.services.kb_link import KbLink
+from tuimon.ui.themes import DEFAULT_THEME, THEME_ORDER, load_themes
 
 #: Redraw rates (Hz): numbers and tables; charts (a plotext redraw costs far more).
 NUMBERS_HZ = 4.0
 CHARTS_HZ = 1.25
-#: Seconds the app gets to exit cleanly after its terminal went away, before the process is ended.
-HANGUP_GRACE_S = 3.0
-#: The module an incident screen lives in; its key is shown only once it exists.
+#: Actions that steer a recording: offered only when the source is one.
 _REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_to"})
 #: Actions on the dashboard's own panels and source: only while the dashboard is the visible
 #: screen (on a screen pushed over it their keys mean something else there, or nothing).
@@ -56,36 +50,9 @@ _DASHBOARD_ACTIONS = frozenset(
 )
 
 
-class Source(Protocol):
-    """What the app needs from a source (:class:`~tuimon.receiver.LiveSource`,
-    :class:`~tuimon.replay.ReplaySource`)."""
-
-    kind: str
-    store: Store
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-    def where(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class EventContext:
-    """An event with its surroundings, for screens pushed from the dashboard.
-
-    ``window`` maps metric name to (steps, values) between ``event.step - before`` and
-    ``event.step + after`` (see :meth:`Store.metric_window`); ``store`` lets a screen read more.
-    """
-
-    store: Store
-    run: str
-    run_view: RunView | None
-    event: EventRecord
-    window: dict[str, tuple[list[int], list[float]]]
-
-
 class TuimonApp(App[None]):
     """The dashboard over ``source``; ``run`` preselects a run. Commands start it through
-    :func:`run_dashboard`, which also ends it when the terminal goes away."""
+    :func:`tuimon.ui.terminal.run_dashboard`, which also ends it when the terminal goes away."""
 
     TITLE = "tuimon"
     CSS = """
@@ -134,6 +101,8 @@ class TuimonApp(App[None]):
     ) -> None:
         super().__init__()
         self.source = source
+        #: The source's replay controls when it plays a recording, else None.
+        self.replay: ReplayControls | None = source if isinstance(source, ReplayControls) else None
         self.store = source.store
         self.run_name: str | None = None
         self._wanted_run = run
@@ -247,7 +216,7 @@ class TuimonApp(App[None]):
         if action in _DASHBOARD_ACTIONS and self.screen is not self.screen_stack[0]:
             return False
         if action in _REPLAY_ACTIONS:
-            return self.source.kind == "replay"
+            return self.replay is not None
         return True
 
     def action_help(self) -> None:
@@ -336,27 +305,34 @@ class TuimonApp(App[None]):
 
     def action_incidents(self) -> None:
         """The incident knowledge base, on the selected event (:meth:`event_context`) if any."""
-        self.push_screen(IncidentScreen(self.event_context()))
+        self.push_screen(IncidentScreen(self.kb_link, self.event_context()))
 
     def action_open_incident(self) -> None:
         """One key press from an anomaly to an incident: open one from the selected event
         (its context captured), or a blank one when no event is selected."""
-        self.push_screen(IncidentScreen(self.event_context(), open_incident=True))
+        self.push_screen(IncidentScreen(self.kb_link, self.event_context(), open_incident=True))
+
+    # Replay actions: check_action offers them only when ``self.replay`` is set.
 
     def action_toggle_pause(self) -> None:
-        self.source.toggle_pause()
+        if self.replay is not None:
+            self.replay.toggle_pause()
 
     def action_faster(self) -> None:
-        self.source.faster()
+        if self.replay is not None:
+            self.replay.faster()
 
     def action_slower(self) -> None:
-        self.source.slower()
+        if self.replay is not None:
+            self.replay.slower()
 
     def action_seek(self, seconds: float) -> None:
-        self.source.seek_relative(float(seconds))
+        if self.replay is not None:
+            self.replay.seek_relative(float(seconds))
 
     def action_seek_to(self, fraction: float) -> None:
-        self.source.seek_fraction(float(fraction))
+        if self.replay is not None:
+            self.replay.seek_fraction(float(fraction))
 
     # ----------------------------------------------------------------------------- command palette
 
@@ -372,7 +348,7 @@ class TuimonApp(App[None]):
             )
         yield SystemCommand("Next run", "Show the next run heard from", self.action_next_run)
         yield SystemCommand("Event details", "Details of the selected event", self.action_event_details)
-        if self.source.kind == "replay":
+        if self.replay is not None:
             yield SystemCommand(
                 "Replay: pause / resume", "Pause or resume the replay", self.action_toggle_pause
             )
@@ -385,83 +361,3 @@ class TuimonApp(App[None]):
 
     def _set_theme(self, name: str) -> None:
         self.theme = name
-
-
-def run_dashboard(
-    source: Source,
-    theme: str | None,
-    *,
-    run: str | None = None,
-    cleanup: Callable[[], None] | None = None,
-    kb_dir: str | None = None,
-) -> int:
-    """Run the dashboard on ``source`` until the user quits or the terminal goes away (the
-    commands' shared entry point). An unknown theme or a broken theme file is a UserError.
-    ``cleanup`` runs if the process has to be ended hard (see :class:`TerminalWatch`); ``kb_dir``
-    is ``--kb`` (the incident knowledge base; None: $TUIMON_KB, config, default)."""
-    chosen = check_theme_name(theme or DEFAULT_THEME, load_themes())
-    app = TuimonApp(source, theme=chosen, run=run, kb_dir=kb_dir)
-    stdin = sys.__stdin__
-    terminal = stdin.fileno() if stdin is not None and os.isatty(stdin.fileno()) else None
-    with TerminalWatch(app, terminal, cleanup):
-        app.run()
-    return app.return_code or 0
-
-
-class TerminalWatch:
-    """Ends the dashboard when its terminal goes away (SSH dropped), whatever state the UI is in.
-
-    Textual 8 alone: SIGHUP kills the process by the default action (no cleanup, a demo's training
-    left running); when SIGHUP is ignored (nohup) or never sent (no controlling terminal), its
-    input thread spins a core on the hung-up terminal; and its output thread dies on the first
-    write error, after which the UI thread blocks for ever on the full output queue. So this watch
-    runs on a thread of its own: on SIGHUP or SIGTERM, or when ``tcgetattr`` fails (every terminal
-    ioctl fails after a hangup; checked every second), it asks the app to exit, and if the process
-    is still there :data:`HANGUP_GRACE_S` later it runs ``cleanup`` and exits hard.
-    """
-
-    def __init__(self, app: App[None], terminal: int | None, cleanup: Callable[[], None] | None) -> None:
-        self.app = app
-        self.terminal = terminal
-        self.cleanup = cleanup
-        self._trigger = threading.Event()
-        self._done = threading.Event()
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> TerminalWatch:
-        for signum in (signal.SIGHUP, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._signalled)
-        threading.Thread(target=self._watch, name="tuimon-terminal-watch", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._done.set()
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _signalled(self, signum: int, frame: object) -> None:
-        self._trigger.set()  # only this: the main thread may be stuck anywhere
-
-    def _terminal_gone(self) -> bool:
-        if self.terminal is None:
-            return False
-        try:
-            termios.tcgetattr(self.terminal)
-        except (termios.error, OSError):
-            return True
-        return False
-
-    def _watch(self) -> None:
-        while not self._trigger.wait(1.0):
-            if self._done.is_set():
-                return
-            if self._terminal_gone():
-                break
-        if self._done.is_set():
-            return
-        self.app.exit()  # posts a message: safe from this thread
-        if self._done.wait(HANGUP_GRACE_S):
-            return
-        if self.cleanup is not None:
-            self.cleanup()
-        os._exit(129)

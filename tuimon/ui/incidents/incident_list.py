@@ -14,7 +14,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from tuimon.kb import Incident, SearchHit
-from tuimon.widgets.incident_text import hit_row, incident_row
+from tuimon.ui.incidents.format import hit_row, incident_row
 
 
 class IncidentList(OptionList):

@@ -24,7 +24,7 @@ from textual.widgets.option_list import Option
 from tuimon.errors import UserError
 from tuimon.kb import Incident, IncidentFilter
 from tuimon.kb.model import STATUSES, TEXT_FIELD_LABELS, TEXT_FIELDS, labels, parse_date
-from tuimon.widgets.incident_text import outcome_label, status_label
+from tuimon.ui.incidents.format import outcome_label, status_label
 
 T = TypeVar("T")
 

@@ -111,7 +111,6 @@ class LiveSource:
     rescanned every :data:`REGISTRY_SCAN_S` for new ones. ``run`` keeps only that run.
     """
 
-    kind = "live"
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from tuimon.store import DeviceView
-from tuimon.widgets.text import bar, spark
+from tuimon.ui.format import bar, spark
 
 #: A device this many utilisation points away from the median of the others is an outlier.
 UTIL_OUTLIER_POINTS = 30.0

@@ -18,7 +18,7 @@ from textual.widgets import Tab, Tabs
 from textual_plotext import PlotextPlot
 
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
-from tuimon.widgets.text import number
+from tuimon.ui.format import number
 
 #: Metrics shown first, in this order; others follow in the order they appeared.
 PREFERRED_METRICS = ("loss", "lr", "grad_norm", *THROUGHPUT_METRICS, "step_time", "data_time")

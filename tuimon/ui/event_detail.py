@@ -16,7 +16,7 @@ from textual.widgets import Static
 
 from publisher.wire.event_kinds import EVENT_KINDS
 from tuimon.store import EventRecord
-from tuimon.widgets.text import duration, number, severity
+from tuimon.ui.format import duration, number, severity
 
 #: Metrics listed in the detail's context table, if the run has them.
 CONTEXT_METRICS = ("loss", "grad_norm", "lr", "step_time")

@@ -15,8 +15,9 @@ from typing import Any
 from textual.content import Content
 
 from tuimon.kb import ContextRecord, Entry, Incident, SearchHit, SeenBefore, Snippet
+from tuimon.kb.mdformat import steps_text
 from tuimon.kb.model import OUTCOME_LABELS, TEXT_FIELD_LABELS, TEXT_FIELDS
-from tuimon.widgets.text import severity
+from tuimon.ui.format import labelled, severity
 
 #: status -> (label with symbol, style)
 STATUS_STYLE = {
@@ -43,8 +44,8 @@ _CODE = re.compile(r"`([^`]+)`")
 
 
 def status_label(status: str) -> Content:
-    label, style = STATUS_STYLE.get(status, (status, ""))
-    return Content.styled(label, style)
+    """An incident's status (open, investigating, mitigated, resolved) with its symbol."""
+    return labelled(status, STATUS_STYLE)
 
 
 def outcome_label(outcome: str | None) -> Content:
@@ -71,12 +72,6 @@ def inline_code(text: str) -> Content:
         if piece:
             parts.append((piece, "$accent") if index % 2 else piece)
     return Content.assemble(*parts)
-
-
-def steps_text(first: int | None, last: int | None) -> str:
-    if first is None:
-        return "—"
-    return f"{first:,}" if first == last or last is None else f"{first:,}-{last:,}"
 
 
 def incident_row(incident: Incident) -> Content:
@@ -117,7 +112,7 @@ def incident_summary(incident: Incident, records: Sequence[ContextRecord]) -> Co
         ("run", incident.run or "—"),
         ("host", incident.host or "—"),
         ("ranks", ", ".join(map(str, incident.ranks)) or "—"),
-        ("steps", steps_text(incident.step_first, incident.step_last)),
+        ("steps", steps_text(incident.step_first, incident.step_last, grouped=True, missing="—")),
     ]
     lines = [
         Content.assemble((f"#{incident.number} ", "bold $primary"), (incident.title, "bold")),

@@ -8,8 +8,8 @@ moved it up to read something.
 from __future__ import annotations
 
 from tuimon.store import EventRecord
-from tuimon.widgets.table import RowTable
-from tuimon.widgets.text import severity
+from tuimon.ui.dashboard.table import RowTable
+from tuimon.ui.format import severity
 
 # (key, label, width)
 _COLUMNS = (

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -37,8 +37,10 @@ from tuimon.kb import ContextRecord, Entry, Incident, IncidentDraft, IncidentFil
 from tuimon.kb.capture import DEFAULT_WINDOW
 from tuimon.kb.incidents import NO_FILTER
 from tuimon.kb.runbooks import RunbookProgress
-from tuimon.screens.help import HelpScreen
-from tuimon.screens.incident_dialogs import (
+from tuimon.ui.context import EventContext
+from tuimon.ui.format import severity
+from tuimon.ui.help import HelpScreen
+from tuimon.ui.incidents.dialogs import (
     DIALOG_KEYS,
     FilterDialog,
     PostmortemDialog,
@@ -47,19 +49,15 @@ from tuimon.screens.incident_dialogs import (
     TriedDialog,
     TriedInput,
 )
-from tuimon.screens.kb_link import KbLink, KbWritten, KnowledgeBaseChanged, error_text
-from tuimon.widgets.incident_list import IncidentList
-from tuimon.widgets.incident_text import (
+from tuimon.ui.incidents.format import (
     incident_summary,
     seen_before_content,
     status_label,
     timeline_content,
 )
-from tuimon.widgets.runbook_checklist import RunbookChecklist
-from tuimon.widgets.text import severity
-
-if TYPE_CHECKING:
-    from tuimon.app import EventContext
+from tuimon.ui.incidents.incident_list import IncidentList
+from tuimon.ui.incidents.runbook_checklist import RunbookChecklist
+from tuimon.ui.services.kb_link import KbLink, KbWritten, KnowledgeBaseChanged, error_text
 
 #: Incidents listed (most recently active first) and search hits shown.
 LIST_LIMIT = 200
@@ -178,10 +176,12 @@ class IncidentScreen(Screen[None]):
             self.knowledge = knowledge
             self.error = error
 
-    def __init__(self, context: EventContext | None, *, open_incident: bool = False) -> None:
-        """``open_incident``: open a new incident from ``context`` as soon as the screen shows
-        (the dashboard's one-key path from an event to an incident)."""
+    def __init__(self, link: KbLink, context: EventContext | None, *, open_incident: bool = False) -> None:
+        """``link``: the app's knowledge base link (threads, change polling); ``open_incident``:
+        open a new incident from ``context`` as soon as the screen shows (the dashboard's one-key
+        path from an event to an incident)."""
         super().__init__()
+        self.link = link
         self.context = context
         self._open_on_mount = open_incident
         self.where: IncidentFilter = NO_FILTER
@@ -191,10 +191,6 @@ class IncidentScreen(Screen[None]):
         self._knowledge: EventKnowledge | None = None
         self._knowledge_error: str | None = None
         self._confirm_new_until = 0.0
-
-    @property
-    def link(self) -> KbLink:
-        return self.app.kb_link  # type: ignore[attr-defined]  # TuimonApp's
 
     # ------------------------------------------------------------------------------------ layout
 

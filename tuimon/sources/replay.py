@@ -110,7 +110,6 @@ class ReplaySource:
     one player tick.
     """
 
-    kind = "replay"
 
     def __init__(self, paths: Sequence[str | Path], *, speed: float = 1.0, paused: bool = False) -> None:
         self.recording = load_recordings(paths)

@@ -7,14 +7,15 @@ theme and colour-blind readers never depend on red against green.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from textual.content import Content
 
-#: severity -> (label with symbol, theme variable for its colour)
+#: severity -> (label with symbol, style)
 SEVERITY_STYLE = {
-    "critical": ("✖ CRIT", "$error"),
-    "warning": ("▲ WARN", "$warning"),
-    "info": ("● info", "$primary"),
+    "critical": ("✖ CRIT", "bold $error"),
+    "warning": ("▲ WARN", "bold $warning"),
+    "info": ("● info", "bold $primary"),
 }
 _BLOCKS = " ▏▎▍▌▋▊▉█"
 
@@ -56,9 +57,15 @@ def duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def labelled(key: str, labels: Mapping[str, tuple[str, str]], fallback_style: str = "") -> Content:
+    """A state as its label (symbol and word) in its style, from a ``key -> (label, style)`` table;
+    an unknown state shows as its own name, so nothing a peer sends is hidden."""
+    label, style = labels.get(key, (key, fallback_style))
+    return Content.styled(label, style)
+
+
 def severity(name: str) -> Content:
-    label, color = SEVERITY_STYLE.get(name, (name, "$foreground"))
-    return Content.styled(label, f"bold {color}")
+    return labelled(name, SEVERITY_STYLE, "bold $foreground")
 
 
 _SPARKS = "▁▂▃▄▅▆▇█"

@@ -9,7 +9,8 @@ from __future__ import annotations
 from textual.content import Content
 
 from tuimon.store import InvariantRecord
-from tuimon.widgets.table import RowTable
+from tuimon.ui.dashboard.table import RowTable
+from tuimon.ui.format import labelled
 
 _STATUS = {
     "ok": ("✔ ok", "$success"),
@@ -19,9 +20,8 @@ _STATUS = {
 _COLUMNS = (("status", 19), ("name", 22), ("since", 8), ("message", None))
 
 
-def status_label(status: str) -> Content:
-    label, style = _STATUS.get(status, (status, ""))
-    return Content.styled(label, style)
+def invariant_label(status: str) -> Content:
+    return labelled(status, _STATUS)
 
 
 class InvariantTable(RowTable):
@@ -54,7 +54,7 @@ class InvariantTable(RowTable):
     def show(self, records: list[InvariantRecord]) -> None:
         for record in sorted(records, key=lambda r: r.name):
             cells = {
-                "status": status_label(record.status),
+                "status": invariant_label(record.status),
                 "name": record.name,
                 "since": "—" if record.step is None else f"{record.step:,}",
                 "message": record.message,

@@ -11,7 +11,6 @@ the protocol validates and treats everything else as optional.
 
 from __future__ import annotations
 
-import bisect
 import math
 import threading
 import time
@@ -19,14 +18,14 @@ from array import array
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from publisher.wire.protocol import ProtocolError, read_number
+from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
+from tuimon.store.series import Series
 
 #: A run whose senders have been silent this long is shown as stale (heartbeats come every 1 s).
 STALE_AFTER_S = 3.0
-#: Points kept per metric series (at least this many; up to twice as many between trims).
-SERIES_CAPACITY = 120_000
 #: Samples of history kept per GPU device: five minutes at the default 1 Hz sampler.
 GPU_HISTORY = 300
 #: Events kept per run; the oldest go first (detectors fold repeats, so this is rarely reached).
@@ -37,134 +36,6 @@ THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s")
 SECTIONS = ("run", "metrics", "gpu", "events", "invariants")
 
 _RUN_END_SEVERITY = {"failed": 2, "interrupted": 1, "completed": 0}
-
-
-class Series:
-    """A bounded (step, value) series with amortised O(1) appends.
-
-    Two flat arrays grow to twice the capacity, then the oldest half is cut in one move, so an
-    append is a C-level array append almost always and readers can slice without copying dicts.
-    """
-
-    __slots__ = ("capacity", "steps", "values")
-
-    def __init__(self, capacity: int = SERIES_CAPACITY) -> None:
-        self.capacity = capacity
-        self.steps: array[int] = array("q")
-        self.values: array[float] = array("d")
-
-    def append(self, step: int, value: float) -> None:
-        self.steps.append(step)
-        self.values.append(value)
-        if len(self.steps) >= 2 * self.capacity:
-            del self.steps[: self.capacity]
-            del self.values[: self.capacity]
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def last(self) -> tuple[int, float] | None:
-        return (self.steps[-1], self.values[-1]) if self.steps else None
-
-    def tail(self, count: int | None = None) -> tuple[array[int], array[float]]:
-        """Copies of the last ``count`` points (all when None): flat arrays, a memory copy each,
-        so that a chart can take 200k points without holding the store's lock for long."""
-        start = 0 if count is None else max(0, len(self.steps) - count)
-        return self.steps[start:], self.values[start:]
-
-    def between(self, first_step: int, last_step: int) -> tuple[list[int], list[float]]:
-        """Copies of the points with ``first_step <= step <= last_step`` (steps are ascending)."""
-        lo = bisect.bisect_left(self.steps, first_step)
-        hi = bisect.bisect_right(self.steps, last_step)
-        return self.steps[lo:hi].tolist(), self.values[lo:hi].tolist()
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    """One anomaly episode as the viewer knows it (the latest update of its ``id``)."""
-
-    id: str
-    rank: int
-    step: int | None
-    severity: str
-    kind: str
-    message: str
-    details: Mapping[str, Any]
-    count: int
-    ts: float
-    first_ts: float
-
-
-@dataclass(frozen=True)
-class InvariantRecord:
-    """The latest status of one training invariant."""
-
-    name: str
-    status: str
-    step: int | None
-    message: str
-    details: Mapping[str, Any]
-    rank: int
-    ts: float
-
-
-@dataclass(frozen=True)
-class DeviceView:
-    """A GPU's latest sample plus its recent history (oldest first), for one panel row."""
-
-    rank: int
-    index: int
-    latest: Mapping[str, Any]
-    history: Mapping[str, list[float]]
-    ts: float
-
-
-@dataclass(frozen=True)
-class RunView:
-    """What the header needs about a run, copied out under the lock."""
-
-    name: str
-    hosts: tuple[str, ...]
-    ranks: tuple[int, ...]
-    world_size: int | None
-    step: int | None
-    step_ts: float | None
-    started_ts: float | None
-    last_ts: float | None
-    throughput: tuple[str, float] | None
-    gpu_source: str | None
-    gpu_simulated: bool
-    health: str
-    end_status: str | None
-    end_error: str | None
-    run_start: Mapping[str, Any] | None
-    gaps: int
-    dropped: int
-
-
-@dataclass(frozen=True)
-class Counters:
-    """Source-wide counters for the status line."""
-
-    received: int
-    malformed: int
-    malformed_by_reason: Mapping[str, int]
-    last_malformed: str | None
-    gaps: int
-    dropped: int
-
-
-@dataclass(frozen=True)
-class SourceStatus:
-    """What the source is doing: live or replay, with replay position and speed."""
-
-    kind: str = "live"
-    detail: str = ""
-    speed: float | None = None
-    paused: bool = False
-    position: float = 0.0
-    position_ts: float | None = None
-    duration_s: float = 0.0
 
 
 @dataclass
@@ -242,7 +113,7 @@ class Store:
         self._source = SourceStatus()
         self._notices: dict[str, tuple[str, float | None]] = {}
         changed = self._next()
-        self._runs_version = self._counters_version = self._source_version = self._notices_version = changed
+        self._counters_version = self._source_version = self._notices_version = changed
 
     def _next(self) -> int:
         self._changes += 1
@@ -349,7 +220,6 @@ class Store:
         run = self._runs.get(name)
         if run is None:
             run = self._runs[name] = _Run(name)
-            self._runs_version = self._next()
         return run
 
     def _rank(self, run: _Run, rank: int, host: str) -> _Rank:
@@ -360,9 +230,9 @@ class Store:
         return state
 
     def _apply(self, message: Mapping[str, Any], *, live: bool) -> None:
+        """Book-keep the sender (sequence gaps, last heard), then hand the message to its type's handler."""
         run = self._run(message["run"])
-        rank_no = message["rank"]
-        state = self._rank(run, rank_no, message["host"])
+        state = self._rank(run, message["rank"], message["host"])
         seq = message["seq"]
         if live and state.last_seq is not None:
             missed = seq - state.last_seq - 1
@@ -373,80 +243,56 @@ class Store:
             # counting continues from its new numbers.
         if state.last_seq is None or live or seq > state.last_seq:
             state.last_seq = seq
-        ts = message["ts"]
         state.host = message["host"]
-        state.last_heard = ts if self._stamp_with_message_ts else self.clock()
-        state.last_ts = ts
-        msg_type = message["type"]
-        step = message.get("step")
-        if msg_type == "metrics":
-            self._apply_metrics(run, rank_no, step, message["metrics"])
-            state.step, state.step_ts = step, ts
-            self._bump(run, "run")
-        elif msg_type == "heartbeat":
-            stats = message.get("stats")
-            state.stats = stats if isinstance(stats, dict) else {}
-            address = message.get("snapshot")
-            state.snapshot_address = address if isinstance(address, str) else None
-            if step is not None and (state.step is None or step > state.step):
-                state.step, state.step_ts = step, ts
-            self._bump(run, "run")
-        elif msg_type == "gpu":
-            self._apply_gpu(run, rank_no, message, ts)
-        elif msg_type == "event":
-            self._apply_event(run, rank_no, message, ts)
-        elif msg_type == "invariant":
-            name = message["name"]
-            run.invariants[name] = InvariantRecord(
-                name=name,
-                status=message["status"],
-                step=step,
-                message=str(message.get("message") or ""),
-                details=message.get("details") if isinstance(message.get("details"), dict) else {},
-                rank=rank_no,
-                ts=ts,
-            )
-            self._bump(run, "invariants")
-        elif msg_type == "run_start":
-            if run.run_start is None or rank_no <= min(run.ranks):
-                run.run_start = message
-            run.started_ts = ts if run.started_ts is None else min(run.started_ts, ts)
-            state.end = None
-            self._bump(run, "run")
-        elif msg_type == "run_end":
-            state.end = message
-            if step is not None:
-                state.step = step
-            self._bump(run, "run")
+        state.last_heard = message["ts"] if self._stamp_with_message_ts else self.clock()
+        state.last_ts = message["ts"]
+        handler = self._HANDLERS.get(message["type"])
+        if handler is not None:  # a type this viewer does not know: the protocol says to ignore it
+            handler(self, run, state, message)
 
-    def _apply_metrics(self, run: _Run, rank: int, step: int, values: Mapping[str, Any]) -> None:
-        for name, value in values.items():
-            series = run.series.get((rank, name))
+    def _on_metrics(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
+        step = message["step"]
+        for name, value in message["metrics"].items():
+            series = run.series.get((state.rank, name))
             if series is None:
-                series = run.series[(rank, name)] = Series()
+                series = run.series[(state.rank, name)] = Series()
                 if name not in run.metric_names:
                     run.metric_names.append(name)
             series.append(step, _number(value))
         self._bump(run, "metrics")
+        state.step, state.step_ts = step, message["ts"]
+        self._bump(run, "run")
 
-    def _apply_gpu(self, run: _Run, rank: int, message: Mapping[str, Any], ts: float) -> None:
+    def _on_heartbeat(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
+        stats = message.get("stats")
+        state.stats = stats if isinstance(stats, dict) else {}
+        address = message.get("snapshot")
+        state.snapshot_address = address if isinstance(address, str) else None
+        step = message.get("step")
+        if step is not None and (state.step is None or step > state.step):
+            state.step, state.step_ts = step, message["ts"]
+        self._bump(run, "run")
+
+    def _on_gpu(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
+        ts, rank = message["ts"], state.rank
         run.gpu_simulated = bool(message.get("simulated"))
         for device in message["devices"]:
             key = (rank, device["index"])
-            state = run.devices.get(key)
-            if state is None:
-                state = run.devices[key] = _Device(rank, device["index"], device, ts)
-            state.latest, state.ts = device, ts
+            known = run.devices.get(key)
+            if known is None:
+                known = run.devices[key] = _Device(rank, device["index"], device, ts)
+            known.latest, known.ts = device, ts
             used, total = device.get("mem_used"), device.get("mem_total")
             memory = 100.0 * used / total if isinstance(used, int | float) and total else math.nan
-            history = state.history
+            history = known.history
             history["util"].append(_number(device.get("util")))
             history["mem"].append(memory)
             history["temp"].append(_number(device.get("temp_c")))
             history["power"].append(_number(device.get("power_w")))
         self._bump(run, "gpu")
 
-    def _apply_event(self, run: _Run, rank: int, message: Mapping[str, Any], ts: float) -> None:
+    def _on_event(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
+        ts, rank = message["ts"], state.rank
         event_id = str(message.get("id") or f"{rank}-{message['seq']}")
         previous = run.events.get(event_id)
         count = message.get("count")
@@ -467,15 +313,52 @@ class Store:
             run.events.popitem(last=False)
         self._bump(run, "events")
 
+    def _on_invariant(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
+        name = message["name"]
+        details = message.get("details")
+        run.invariants[name] = InvariantRecord(
+            name=name,
+            status=message["status"],
+            step=message.get("step"),
+            message=str(message.get("message") or ""),
+            details=details if isinstance(details, dict) else {},
+            rank=state.rank,
+            ts=message["ts"],
+        )
+        self._bump(run, "invariants")
+
+    def _on_run_start(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
+        if run.run_start is None or state.rank <= min(run.ranks):
+            run.run_start = message
+        ts = message["ts"]
+        run.started_ts = ts if run.started_ts is None else min(run.started_ts, ts)
+        state.end = None
+        self._bump(run, "run")
+
+    def _on_run_end(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
+        state.end = message
+        step = message.get("step")
+        if step is not None:
+            state.step = step
+        self._bump(run, "run")
+
+    #: Message type -> its handler; types not listed are skipped (newer protocol, older viewer).
+    _HANDLERS: ClassVar[dict[str, Callable[[Store, _Run, _Rank, Mapping[str, Any]], None]]] = {
+        "metrics": _on_metrics,
+        "heartbeat": _on_heartbeat,
+        "gpu": _on_gpu,
+        "event": _on_event,
+        "invariant": _on_invariant,
+        "run_start": _on_run_start,
+        "run_end": _on_run_end,
+    }
+
     # --------------------------------------------------------------------- readers (UI thread)
 
     def run_names(self) -> list[str]:
         """Runs in the order they were first heard."""
         with self._lock:
             return list(self._runs)
-
-    def runs_version(self) -> int:
-        return self._runs_version
 
     def versions(self, run: str) -> dict[str, int]:
         """Per-section version counters of ``run`` (all zero for an unknown run)."""

@@ -18,7 +18,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from tuimon.kb.runbooks import RunbookProgress, StepState
-from tuimon.widgets.incident_text import inline_code, local_time
+from tuimon.ui.incidents.format import inline_code, local_time
 
 _DIM = "$foreground 60%"
 

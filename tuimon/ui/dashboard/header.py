@@ -8,7 +8,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from tuimon.store import RunView, SourceStatus
-from tuimon.widgets.text import duration, number
+from tuimon.ui.format import duration, number
 
 _HEALTH = {
     "live": ("● LIVE", "$success"),

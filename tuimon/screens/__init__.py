@@ -1,1 +1,0 @@
-"""Screens pushed over the dashboard: help, event details."""

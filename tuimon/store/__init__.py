@@ -1,0 +1,27 @@
+"""What the viewer knows: every run heard from, built from decoded wire messages, with no Textual.
+
+Sources (:mod:`tuimon.sources`) write into a :class:`Store` on their own threads; the UI reads
+immutable copies (:mod:`tuimon.store.records`) on timers.
+"""
+
+from __future__ import annotations
+
+from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
+from tuimon.store.series import SERIES_CAPACITY, Series
+from tuimon.store.store import GPU_HISTORY, MAX_EVENTS, STALE_AFTER_S, THROUGHPUT_METRICS, Store
+
+__all__ = [
+    "GPU_HISTORY",
+    "MAX_EVENTS",
+    "SERIES_CAPACITY",
+    "STALE_AFTER_S",
+    "THROUGHPUT_METRICS",
+    "Counters",
+    "DeviceView",
+    "EventRecord",
+    "InvariantRecord",
+    "RunView",
+    "Series",
+    "SourceStatus",
+    "Store",
+]

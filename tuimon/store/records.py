@@ -1,0 +1,100 @@
+"""What the store hands to readers: immutable copies, taken under its lock, safe to keep and compare.
+
+Panels compare a record with the one they drew last (frozen dataclasses compare by value) and
+redraw only on a change; screens pushed over the dashboard keep an :class:`EventRecord` as long as
+they like, whatever the store does meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One anomaly episode as the viewer knows it (the latest update of its ``id``)."""
+
+    id: str
+    rank: int
+    step: int | None
+    severity: str
+    kind: str
+    message: str
+    details: Mapping[str, Any]
+    count: int
+    ts: float
+    first_ts: float
+
+
+@dataclass(frozen=True)
+class InvariantRecord:
+    """The latest status of one training invariant."""
+
+    name: str
+    status: str
+    step: int | None
+    message: str
+    details: Mapping[str, Any]
+    rank: int
+    ts: float
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """A GPU's latest sample plus its recent history (oldest first), for one panel row."""
+
+    rank: int
+    index: int
+    latest: Mapping[str, Any]
+    history: Mapping[str, list[float]]
+    ts: float
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the header needs about a run, copied out under the lock."""
+
+    name: str
+    hosts: tuple[str, ...]
+    ranks: tuple[int, ...]
+    world_size: int | None
+    step: int | None
+    step_ts: float | None
+    started_ts: float | None
+    last_ts: float | None
+    throughput: tuple[str, float] | None
+    gpu_source: str | None
+    gpu_simulated: bool
+    health: str
+    end_status: str | None
+    end_error: str | None
+    run_start: Mapping[str, Any] | None
+    gaps: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Source-wide counters for the status line."""
+
+    received: int
+    malformed: int
+    malformed_by_reason: Mapping[str, int]
+    last_malformed: str | None
+    gaps: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """What the source is doing: live or replay, with replay position and speed."""
+
+    kind: str = "live"
+    detail: str = ""
+    speed: float | None = None
+    paused: bool = False
+    position: float = 0.0
+    position_ts: float | None = None
+    duration_s: float = 0.0
