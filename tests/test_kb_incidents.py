@@ -84,6 +84,18 @@ def test_blank_incident_and_every_kind_of_reference(kb: KnowledgeBase) -> None:
         kb.open_incident(IncidentDraft(title="   "))
 
 
+def test_a_uuid_prefix_of_digits_only_still_finds_its_incident(kb: KnowledgeBase) -> None:
+    """UUIDs are hex: about one 8-character prefix in 40 is all digits, and reads like a number."""
+    template = kb.open_incident(IncidentDraft(title="template"))
+    incidents.merge(kb._db, dataclasses.replace(template, id="64716741-0000-4000-8000-000000000001"), (), ())
+    assert kb.get("64716741").number == 2
+    assert kb.get("1").number == 1  # a number that exists is still a number
+    with pytest.raises(UserError, match="no incident #99999, nor one whose id starts"):
+        kb.get("99999")
+    with pytest.raises(UserError, match="no incident #64716741"):
+        kb.get("#64716741")  # '#' always means a number
+
+
 def test_ambiguous_uuid_prefix_is_refused(kb: KnowledgeBase) -> None:
     template = kb.open_incident(IncidentDraft(title="template"))
     for uid in ("abcd0000-0000-4000-8000-000000000001", "abcd0000-0000-4000-8000-000000000002"):

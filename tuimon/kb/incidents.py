@@ -112,21 +112,36 @@ def entry_from_row(row: Mapping[str, Any]) -> Entry:
     )
 
 
+#: Characters a UUID prefix needs to name an incident.
+_MIN_PREFIX = 4
+
+
 def resolve(db: sqlite_utils.Database, ref: str | int) -> int:
-    """The number of the incident ``ref`` names: ``12``, ``#12``, a UUID or a unique UUID prefix."""
+    """The number of the incident ``ref`` names: ``12``, ``#12``, a UUID or a unique UUID prefix.
+
+    A bare run of digits is a number first; when no incident has that number and it is long
+    enough for a prefix, it is tried as a UUID prefix (UUIDs are hex: one in 40 eight-character
+    prefixes is all digits).
+    """
     number = ref if isinstance(ref, int) else model.number_ref(str(ref))
     if number is not None:
-        if db.execute("SELECT 1 FROM incidents WHERE number = ?", [number]).fetchone() is None:
+        if db.execute("SELECT 1 FROM incidents WHERE number = ?", [number]).fetchone() is not None:
+            return number
+        text = str(ref).strip()
+        if isinstance(ref, int) or text.startswith("#") or len(text) < _MIN_PREFIX:
             raise UserError(f"no incident #{number} in this knowledge base")
-        return number
     prefix = str(ref).strip().lower()
-    if len(prefix) < 4:
-        raise UserError(f"{ref!r} is neither an incident number nor a UUID prefix of 4 or more characters")
+    if len(prefix) < _MIN_PREFIX:
+        raise UserError(
+            f"{ref!r} is neither an incident number nor a UUID prefix of {_MIN_PREFIX} or more characters"
+        )
     rows = db.execute(
         "SELECT number, id FROM incidents WHERE id >= ? AND id < ? ORDER BY id LIMIT 6",
         [prefix, prefix + "\uffff"],
     ).fetchall()
     if not rows:
+        if number is not None:
+            raise UserError(f"no incident #{number}, nor one whose id starts {prefix!r}, in this KB")
         raise UserError(f"no incident with an id starting {prefix!r}")
     if len(rows) > 1:
         shown = ", ".join(f"#{n} {uid}" for n, uid in rows[:5])
