@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/tuimon demo
 
-test: $(STAMP)
+# Static checks first (seconds): style, the import boundaries, the public API's types.
+lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
@@ -293,13 +293,12 @@ class Monitor:
         arrays: list[torch.Tensor],
     ) -> None:
         """A step's numbers are all on the host: queue it for the worker (training thread)."""
-        grad_norms = arrays[0] if grads is not None else None
-        if layout is None and grad_norms is not None and self._layers is not None and not math.isfinite(
+        # Per-parameter gradient norms come first when there are any, then the sample's arrays.
+        grad_norms, sample_arrays = (arrays[0], arrays[1:]) if grads is not None else (None, arrays)
+        if layout is None and grads is not None and self._layers is not None and not math.isfinite(
                 metrics["grad_norm"]):
             # Not a sampled step, but the gradients went bad: say which ones.
             layout = self._layers.gradient_layout(grads)
-            arrays = [grad_norms]
-        sample_arrays = arrays[0 if grad_norms is None else 1:]
         self._parts.worker.submit((step, metrics, grad_norms, layout, sample_arrays))
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -394,7 +393,8 @@ class Monitor:
         self._timer.stop()
         atexit.unregister(self._close_at_exit)
         # The last steps' metrics, still on the device, first: then the parts, in their order.
-        for action in (partial(self._fetch.drain, wait=True), *self._parts.closers(status, error)):
+        actions: list[Callable[[], None]] = [partial(self._fetch.drain, wait=True)]
+        for action in actions + self._parts.closers(status, error):
             try:
                 action()
             except Exception as exc:

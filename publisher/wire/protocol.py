@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import UnionType
 from typing import Any
 
 import orjson
@@ -135,7 +136,7 @@ def encode(message: Mapping[str, Any]) -> bytes:
     return orjson.dumps(message)
 
 
-def _require(message: Mapping[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:
+def _require(message: Mapping[str, Any], field: str, kind: type | UnionType | tuple[type, ...]) -> Any:
     value = message.get(field)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ProtocolError(f"field {field!r} missing or not {getattr(kind, '__name__', kind)}")

@@ -18,9 +18,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuimon.commands._options import add_dashboard_options
 from tuimon.errors import UserError
+
+if TYPE_CHECKING:
+    from tuimon.sources.base import Source
 
 #: Seconds the demo gets to end its run and flush its recording after SIGTERM.
 STOP_TIMEOUT_S = 10.0
@@ -83,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else status
 
 
-def _report_exit(child: subprocess.Popen[bytes], source: object, log_path: Path) -> None:
+def _report_exit(child: subprocess.Popen[bytes], source: Source, log_path: Path) -> None:
     """Tell the screen if the training dies early (the log is gone once the demo ends)."""
     code = child.wait()
     if code != 0:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -30,6 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode
 from publisher.wire.registry import live_entries, runtime_dir
 from tuimon.errors import UserError
+from tuimon.sources.base import Source
 from tuimon.store import SourceStatus, Store
 
 #: Seconds to wait for a snapshot reply before showing the sender's live messages only.
@@ -395,3 +396,7 @@ class _Receiver:
             else:
                 store.set_notice("waiting", None)
         store.set_source_status(SourceStatus(kind="live", detail=detail))
+
+
+if TYPE_CHECKING:  # mypy: a LiveSource is a source the app can show (a missing method fails here)
+    _CONFORMS: type[Source] = LiveSource

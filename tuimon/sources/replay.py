@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from publisher.wire.protocol import ProtocolError, decode
 from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
+from tuimon.sources.base import ReplayControls, Source
 from tuimon.store import SourceStatus, Store
 
 #: Playback speeds that +/- step through; ``math.inf`` plays as fast as possible.
@@ -276,3 +278,7 @@ class ReplaySource:
                 duration_s=span,
             )
         )
+
+
+if TYPE_CHECKING:  # mypy: a ReplaySource is a source the app can steer (a missing method fails here)
+    _CONFORMS: tuple[type[Source], type[ReplayControls]] = (ReplaySource, ReplaySource)

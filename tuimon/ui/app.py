@@ -224,7 +224,8 @@ class TuimonApp(App[None]):
 
     def key_sections(self) -> list[tuple[str, list[tuple[str, str]]]]:
         """The app's keys, grouped, as the help screen lists them."""
-        dashboard, replay = [], []
+        dashboard: list[tuple[str, str]] = []
+        replay: list[tuple[str, str]] = []
         for binding in (b for b in self.BINDINGS if isinstance(b, Binding)):
             entry = (self.get_key_display(binding), binding.tooltip or binding.description)
             is_replay = binding.action.split("(")[0] in _REPLAY_ACTIONS
@@ -254,7 +255,7 @@ class TuimonApp(App[None]):
         self._select_run(following)
         self.refresh_numbers()
         self.refresh_chart()
-        self.notify(f"run: {self.run_name} ({names.index(self.run_name) + 1} of {len(names)})", timeout=2)
+        self.notify(f"run: {following} ({names.index(following) + 1} of {len(names)})", timeout=2)
 
     def action_chart(self, metric: str) -> None:
         chart = self.query_one(MetricChart)

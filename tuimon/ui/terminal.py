@@ -11,6 +11,8 @@ import sys
 import termios
 import threading
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from textual.app import App
 
@@ -61,7 +63,7 @@ class TerminalWatch:
         self.cleanup = cleanup
         self._trigger = threading.Event()
         self._done = threading.Event()
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     def __enter__(self) -> TerminalWatch:
         for signum in (signal.SIGHUP, signal.SIGTERM):
@@ -74,7 +76,7 @@ class TerminalWatch:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
-    def _signalled(self, signum: int, frame: object) -> None:
+    def _signalled(self, signum: int, frame: FrameType | None) -> None:
         self._trigger.set()  # only this: the main thread may be stuck anywhere
 
     def _terminal_gone(self) -> bool:
