@@ -8,10 +8,10 @@ TORCH  := torch==2.13.0
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[torch,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

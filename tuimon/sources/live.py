@@ -19,7 +19,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,9 +109,10 @@ class LiveSource:
     """Receives live messages on a background thread into :attr:`store`.
 
     With ``endpoints`` it connects to those; without, to every live run in the publisher registry,
-    rescanned every :data:`REGISTRY_SCAN_S` for new ones. ``run`` keeps only that run.
+    rescanned every :data:`REGISTRY_SCAN_S` for new ones. ``run`` keeps only that run. ``clock``
+    is the store's "now" (wall time; a fixed one makes what the screen says reproducible, for
+    snapshot tests).
     """
-
 
     def __init__(
         self,
@@ -120,6 +121,7 @@ class LiveSource:
         run: str | None = None,
         registry_dir: Path | None = None,
         waiting_hint: str = "waiting for runs — start one with the publisher or `tuimon run`",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.endpoints = [parse_endpoint(endpoint) for endpoint in endpoints]
         self.run = run
@@ -130,7 +132,7 @@ class LiveSource:
                 self.registry_dir = runtime_dir()
             except PermissionError as exc:
                 raise UserError(str(exc)) from None
-        self.store = Store()
+        self.store = Store(clock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

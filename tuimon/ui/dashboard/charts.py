@@ -104,6 +104,12 @@ class MetricChart(Vertical):
     def names(self) -> list[str]:
         return list(self._names)
 
+    @property
+    def drawn_version(self) -> object:
+        """The data version of what the plot shows now (the ``version`` given to :meth:`show`),
+        None before the first drawing: tells when the chart has caught up with the store."""
+        return self._drawn[1] if self._drawn is not None else None
+
     def set_names(self, names: list[str]) -> None:
         """Add a tab for each newly seen metric (tabs are never removed while a run is shown)."""
         ordered = order_metrics(names)

@@ -1,0 +1,225 @@
+"""The screens as a user sees them, pinned as SVG snapshots (pytest-textual-snapshot).
+
+The data is fixed, so a snapshot changes only when the look changes:
+
+- ``tests/data/demo_run.jsonl``: a recording of the real demo (``tuimon demo``: a small MLP trained
+  on the CPU, four simulated GPUs, a loss spike, a NaN loss, GPU 2 starving, GPU 1 throttling);
+- ``tests/data/kb/*.md``: three exported incidents, imported into a fresh knowledge base at a
+  fixed path (the incident screen shows where its knowledge base is), their times moved into the
+  current year (the screen shows the year only for other years) and shown in UTC.
+
+The live dashboard reads the same recording from a real ZeroMQ socket, its store's clock fixed
+just after the last message so that "elapsed" and "LIVE" read the same on every run.
+
+After a deliberate change of the look: ``.venv/bin/python -m pytest tests/test_snapshots.py
+--snapshot-update``, look at the changed SVGs in ``tests/__snapshots__/test_snapshots/`` (any
+browser shows them), and commit them with the change. A failing run writes
+``snapshot_report.html`` with the old and new pictures side by side.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from conftest import wait_for_screen
+from textual.pilot import Pilot
+
+from publisher.wire.protocol import encode
+from publisher.wire.recorder import read_recording
+from tuimon.kb import KnowledgeBase
+from tuimon.sources.live import LiveSource
+from tuimon.sources.replay import ReplaySource
+from tuimon.ui.app import TuimonApp
+from tuimon.ui.dashboard.charts import MetricChart
+from tuimon.ui.event_detail import EventDetailScreen
+from tuimon.ui.help import HelpScreen
+from tuimon.ui.incidents.runbook_checklist import RunbookChecklist
+from tuimon.ui.incidents.screen import IncidentScreen
+from tuimon.ui.themes import THEME_ORDER
+
+DATA = Path(__file__).resolve().parent / "data"
+RECORDING = DATA / "demo_run.jsonl"
+INCIDENTS = DATA / "kb"
+#: The year the incident fixtures were written in; moved to the current one when imported.
+FIXTURE_YEAR = "2026"
+#: Fixed paths: they appear on screen (the knowledge base's location, the live endpoint).
+KB_DIR = Path("/tmp/tuimon-snapshots/kb")
+LIVE_ENDPOINT = "ipc:///tmp/tuimon-snapshots/live.sock"
+SIZES = {"160x48": (160, 48), "80x24": (80, 24)}
+
+Snap = Callable[..., bool]
+
+
+def recorded_messages() -> list[dict[str, Any]]:
+    messages = [message for _, _, message in read_recording(RECORDING)]
+    assert all(isinstance(message, dict) for message in messages), "the fixture recording has bad lines"
+    return messages  # type: ignore[return-value]
+
+
+MESSAGES = recorded_messages()
+LAST_STEP = max(m["step"] for m in MESSAGES if m["type"] == "metrics")
+
+
+@pytest.fixture
+def fixed_paths() -> Iterator[None]:
+    root = KB_DIR.parent
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    yield
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Times on screen in UTC, whatever the machine's zone."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture
+def knowledge_base(fixed_paths: None, utc: None, tmp_path: Path) -> Path:
+    """The three fixture incidents, imported as a team imports a colleague's export."""
+    year = str(datetime.now().year)
+    for source in INCIDENTS.glob("*.md"):
+        (tmp_path / source.name).write_text(source.read_text().replace(f"{FIXTURE_YEAR}-", f"{year}-"))
+    with KnowledgeBase.open(KB_DIR, author="snapshot") as kb:
+        report = kb.import_files(sorted(tmp_path.glob("*.md")))
+    assert not report.problems, report.problems
+    return KB_DIR
+
+
+def chart_drawn(app: TuimonApp) -> bool:
+    """The chart shows the store's latest data (it redraws on its own, slower timer)."""
+    if app.run_name is None:
+        return False
+    versions = app.store.versions(app.run_name)
+    return app.query_one(MetricChart).drawn_version == (versions["metrics"], versions["events"])
+
+
+async def replay_to_end(pilot: Pilot) -> None:
+    """The whole recording played, every panel drawn with its final data."""
+    app = pilot.app
+    assert isinstance(app, TuimonApp)
+    view = lambda: app.store.run_view("demo")  # noqa: E731
+    await wait_for_screen(pilot, lambda: view() is not None and view().health == "ended", what="the end")
+    await wait_for_screen(pilot, lambda: chart_drawn(app), what="the chart")
+    await pilot.pause(0.6)  # every timer has fired on the final data at least once
+
+
+def replay_app(theme: str = "tuimon-dark", kb_dir: Path | None = None) -> TuimonApp:
+    source = ReplaySource([RECORDING], speed=math.inf)
+    return TuimonApp(source, theme=theme, kb_dir=str(kb_dir) if kb_dir else None)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+@pytest.mark.parametrize("theme", THEME_ORDER)
+def test_dashboard_replay(snap_compare: Snap, theme: str, size: tuple[int, int]) -> None:
+    assert snap_compare(replay_app(theme), terminal_size=size, run_before=replay_to_end)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_dashboard_live(snap_compare: Snap, fixed_paths: None, size: tuple[int, int]) -> None:
+    """The recording sent on a real PUB socket, received by the real live source."""
+    last_ts = max(m["ts"] for m in MESSAGES)
+    frames = []
+    for message in MESSAGES:
+        if message["type"] == "run_end":
+            continue  # the run is still going, as far as this viewer knows
+        if message["type"] == "heartbeat":
+            message = {k: v for k, v in message.items() if k != "snapshot"}  # its publisher is gone
+        frames.append(encode(message))
+    source = LiveSource([LIVE_ENDPOINT], clock=lambda: last_ts + 0.5)
+    context = zmq.Context()
+    pub = context.socket(zmq.XPUB)
+    pub.sndhwm = 0
+    pub.linger = 0
+    pub.bind(LIVE_ENDPOINT)
+
+    async def publish(pilot: Pilot) -> None:
+        app = pilot.app
+        assert isinstance(app, TuimonApp)
+        await wait_for_screen(pilot, lambda: pub.poll(0, zmq.POLLIN), what="the viewer's subscription")
+        pub.recv()
+        for frame in frames:
+            pub.send(frame)
+        view = lambda: app.store.run_view("demo")  # noqa: E731
+        await wait_for_screen(
+            pilot, lambda: view() is not None and view().step == LAST_STEP, what="the last step"
+        )
+        await wait_for_screen(pilot, lambda: chart_drawn(app), what="the chart")
+        await pilot.pause(0.6)
+
+    try:
+        assert snap_compare(TuimonApp(source), terminal_size=size, run_before=publish)
+    finally:
+        context.destroy(linger=0)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_event_detail(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def open_detail(pilot: Pilot) -> None:
+        await replay_to_end(pilot)
+        await pilot.press("e", "enter")
+        await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, EventDetailScreen), what="details")
+        await pilot.pause(0.6)  # the dashboard behind, where it shows, repainted
+
+    assert snap_compare(replay_app(), terminal_size=size, run_before=open_detail)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_help(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def open_help(pilot: Pilot) -> None:
+        await replay_to_end(pilot)
+        await pilot.press("question_mark")
+        await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, HelpScreen), what="help")
+        await pilot.pause(0.6)
+
+    assert snap_compare(replay_app(), terminal_size=size, run_before=open_help)
+
+
+async def open_incidents(pilot: Pilot) -> IncidentScreen:
+    """The incident screen over the selected event, its list and banner loaded."""
+    await replay_to_end(pilot)
+    await pilot.press("i")
+    await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, IncidentScreen), what="incidents")
+    screen = pilot.app.screen
+    assert isinstance(screen, IncidentScreen)
+    await wait_for_screen(pilot, lambda: screen.selected_number() is not None, what="the list")
+    # "Seen before" toasts time out (their presence depends on how fast this ran): not pinned.
+    pilot.app.clear_notifications()
+    return screen
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_incident_list(snap_compare: Snap, knowledge_base: Path, size: tuple[int, int]) -> None:
+    async def listed(pilot: Pilot) -> None:
+        await open_incidents(pilot)
+        await pilot.pause(0.6)
+
+    assert snap_compare(replay_app(kb_dir=knowledge_base), terminal_size=size, run_before=listed)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_incident_with_its_runbook(snap_compare: Snap, knowledge_base: Path, size: tuple[int, int]) -> None:
+    """Incident #1 (a loss spike, two runbook steps ticked): fields, checklist, timeline."""
+
+    async def runbook(pilot: Pilot) -> None:
+        screen = await open_incidents(pilot)
+        while screen.selected_number() != 1:
+            await pilot.press("down")
+        checklist = screen.query_one(RunbookChecklist)
+        await wait_for_screen(pilot, lambda: checklist.option_count > 0, what="the checklist")
+        await pilot.pause(0.6)
+
+    assert snap_compare(replay_app(kb_dir=knowledge_base), terminal_size=size, run_before=runbook)
