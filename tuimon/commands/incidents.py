@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 # Allowed values are checked by tuimon.kb.model when the handler runs (one list, one error
 # message); the help texts name them for the reader.
 STATUS_HELP = "open, investigating, mitigated or resolved"
+#: A subcommand's own arguments (added to its parser), and its handler (returns the exit status).
+Arguments = Callable[[argparse.ArgumentParser], None]
+Handler = Callable[[argparse.Namespace], int]
 SEVERITY_HELP = "info, warning or critical"
 
 
@@ -36,101 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and export them to Markdown. See docs/incidents.md.",
     )
     commands = parser.add_subparsers(dest="incidents_command", metavar="ACTION", required=True)
-
     common = argparse.ArgumentParser(add_help=False)
     add_kb_option(common)
     common.add_argument("--author", help="who writes (default: $TUIMON_AUTHOR, else your user name)")
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
-
-    def add(
-        name: str, handler: Callable[[argparse.Namespace], int], help_text: str
-    ) -> argparse.ArgumentParser:
+    for name, help_text, arguments, handler in _SUBCOMMANDS:
         sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
+        arguments(sub)
         sub.set_defaults(handler=handler)
-        return sub
-
-    new = add("new", _new, "open an incident and print its number")
-    new.add_argument("--title", help="one line (default with --recording: the event's message)")
-    new.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
-    new.add_argument("--severity", help=f"{SEVERITY_HELP} (default: the event's, else warning)")
-    new.add_argument("--run", help="run name")
-    new.add_argument("--host", help="host name")
-    new.add_argument("--rank", type=int, action="append", default=[], help="rank involved (repeatable)")
-    new.add_argument("--steps", metavar="FIRST[-LAST]", help="step or step range")
-    new.add_argument("--tag", action="append", default=[], help="tag (repeatable, or comma-separated)")
-    new.add_argument("--summary", default="", help="what happened, in a few sentences")
-    new.add_argument(
-        "--recording",
-        type=Path,
-        metavar="FILE",
-        help="open from an event of a recording (--record FILE of a run), capturing its context",
-    )
-    new.add_argument("--event", metavar="EVENT_ID", help="with --recording: the event's id (e.g. 0-17)")
-    new.add_argument("--window", type=int, default=50, help="steps of metrics kept each side (default 50)")
-
-    listing = add("list", _list, "list incidents, most recently active first")
-    _filters(listing)
-    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50, 0: all)")
-
-    show = add("show", _show, "show one incident as Markdown (or JSON)")
-    show.add_argument("id", metavar="ID")
-
-    find = add("search", _search, 'full-text search: words, "exact phrases", prefix*, OR, NOT')
-    find.add_argument("query", nargs="+", metavar="QUERY")
-    _filters(find)
-    find.add_argument("--limit", type=int, default=20, help="at most this many results (default 20)")
-
-    note = add("add-note", _add_note, "add a note to the timeline ('-' reads it from stdin)")
-    note.add_argument("id", metavar="ID")
-    note.add_argument("text", metavar="TEXT")
-    note.add_argument("--result", action="store_true", help="record it as a result (what was observed)")
-
-    tried = add("tried", _tried, "record something tried and its outcome")
-    tried.add_argument("id", metavar="ID")
-    tried.add_argument("text", metavar="TEXT")
-    tried.add_argument(
-        "--outcome", default="unknown", help="helped, no-effect, made-worse or unknown (default)"
-    )
-    tried.add_argument("--step", type=int, help="training step at which it was applied")
-
-    status = add("status", _status, "change an incident's status")
-    status.add_argument("id", metavar="ID")
-    status.add_argument("status", metavar="STATUS", help=STATUS_HELP)
-    status.add_argument("--note", default="", help="why (added to the status-change entry)")
-
-    edit = add("edit", _edit, "change fields and tags of an incident")
-    edit.add_argument("id", metavar="ID")
-    edit.add_argument("--title")
-    edit.add_argument("--severity", help=SEVERITY_HELP)
-    edit.add_argument("--run")
-    edit.add_argument("--host")
-    for field in ("summary", "trigger", "detection", "root-cause", "resolution"):
-        edit.add_argument(f"--{field}", metavar="TEXT", help="'-' reads it from stdin")
-    edit.add_argument("--tag", action="append", default=[], help="add a tag (repeatable)")
-    edit.add_argument("--untag", action="append", default=[], help="remove a tag (repeatable)")
-    edit.add_argument("--kind", action="append", default=[], help="add an event kind (repeatable)")
-
-    tick = add("tick", _tick, "tick (or untick) a runbook step of an incident")
-    tick.add_argument("id", metavar="ID")
-    tick.add_argument("step", metavar="STEP", help="step id, e.g. check-2 (see 'tuimon incidents show')")
-    tick.add_argument("--runbook", help="runbook name (needed when several runbooks match)")
-    tick.add_argument("--undo", action="store_true", help="untick the step")
-
-    seen = add("similar", _similar, "past incidents of these kinds and what helped")
-    seen.add_argument("kind", nargs="+", metavar="KIND")
-    seen.add_argument("--limit", type=int, default=5)
-
-    books = add("runbooks", _runbooks, "list runbooks (and broken runbook files), or show one as a checklist")
-    books.add_argument("name", nargs="?", metavar="NAME")
-
-    export = add("export", _export, "write incidents as Markdown files (all of them if no ID)")
-    export.add_argument("--out", type=Path, required=True, metavar="DIR")
-    export.add_argument("ids", nargs="*", metavar="ID")
-
-    importing = add("import", _import, "merge exported Markdown files (folders or files) by incident id")
-    importing.add_argument("paths", nargs="+", type=Path, metavar="PATH")
-
-    add("where", _where, "show which knowledge base is used and why")
 
 
 def _filters(parser: argparse.ArgumentParser) -> None:
@@ -191,6 +107,26 @@ def _highlighter() -> tuple[str, str]:
 # -- handlers ------------------------------------------------------------------------------------
 
 
+def _args_new(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--title", help="one line (default with --recording: the event's message)")
+    parser.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
+    parser.add_argument("--severity", help=f"{SEVERITY_HELP} (default: the event's, else warning)")
+    parser.add_argument("--run", help="run name")
+    parser.add_argument("--host", help="host name")
+    parser.add_argument("--rank", type=int, action="append", default=[], help="rank involved (repeatable)")
+    parser.add_argument("--steps", metavar="FIRST[-LAST]", help="step or step range")
+    parser.add_argument("--tag", action="append", default=[], help="tag (repeatable, or comma-separated)")
+    parser.add_argument("--summary", default="", help="what happened, in a few sentences")
+    parser.add_argument(
+        "--recording",
+        type=Path,
+        metavar="FILE",
+        help="open from an event of a recording (--record FILE of a run), capturing its context",
+    )
+    parser.add_argument("--event", metavar="EVENT_ID", help="with --recording: the event's id (e.g. 0-17)")
+    parser.add_argument("--window", type=int, default=50, help="steps of metrics kept each side (default 50)")
+
+
 def _new(args: argparse.Namespace) -> int:
     from tuimon.errors import UserError
     from tuimon.kb import IncidentDraft
@@ -236,6 +172,11 @@ def _new(args: argparse.Namespace) -> int:
     return 0
 
 
+def _args_list(parser: argparse.ArgumentParser) -> None:
+    _filters(parser)
+    parser.add_argument("--limit", type=int, default=50, help="at most this many (default 50, 0: all)")
+
+
 def _list(args: argparse.Namespace) -> int:
     with _open(args) as kb:
         found = kb.list_incidents(_filter(args), limit=args.limit or None)
@@ -247,6 +188,10 @@ def _list(args: argparse.Namespace) -> int:
             for incident in found:
                 print(_row(incident))
     return 0
+
+
+def _args_show(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID")
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -280,6 +225,12 @@ def _show(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(kb.render(args.id))
     return 0
+
+
+def _args_search(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("query", nargs="+", metavar="QUERY")
+    _filters(parser)
+    parser.add_argument("--limit", type=int, default=20, help="at most this many results (default 20)")
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -317,6 +268,12 @@ def _print_entry(args: argparse.Namespace, entry: Any) -> None:
         print(f"added {entry.type.replace('_', ' ')} to #{entry.incident}")
 
 
+def _args_add_note(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID")
+    parser.add_argument("text", metavar="TEXT")
+    parser.add_argument("--result", action="store_true", help="record it as a result (what was observed)")
+
+
 def _add_note(args: argparse.Namespace) -> int:
     with _open(args) as kb:
         text = _text(args.text)
@@ -325,10 +282,25 @@ def _add_note(args: argparse.Namespace) -> int:
     return 0
 
 
+def _args_tried(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID")
+    parser.add_argument("text", metavar="TEXT")
+    parser.add_argument(
+        "--outcome", default="unknown", help="helped, no-effect, made-worse or unknown (default)"
+    )
+    parser.add_argument("--step", type=int, help="training step at which it was applied")
+
+
 def _tried(args: argparse.Namespace) -> int:
     with _open(args) as kb:
         _print_entry(args, kb.add_tried(args.id, _text(args.text), args.outcome, step=args.step))
     return 0
+
+
+def _args_status(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID")
+    parser.add_argument("status", metavar="STATUS", help=STATUS_HELP)
+    parser.add_argument("--note", default="", help="why (added to the status-change entry)")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -340,6 +312,19 @@ def _status(args: argparse.Namespace) -> int:
         else:
             _print_entry(args, entry)
     return 0
+
+
+def _args_edit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID")
+    parser.add_argument("--title")
+    parser.add_argument("--severity", help=SEVERITY_HELP)
+    parser.add_argument("--run")
+    parser.add_argument("--host")
+    for field in ("summary", "trigger", "detection", "root-cause", "resolution"):
+        parser.add_argument(f"--{field}", metavar="TEXT", help="'-' reads it from stdin")
+    parser.add_argument("--tag", action="append", default=[], help="add a tag (repeatable)")
+    parser.add_argument("--untag", action="append", default=[], help="remove a tag (repeatable)")
+    parser.add_argument("--kind", action="append", default=[], help="add an event kind (repeatable)")
 
 
 def _edit(args: argparse.Namespace) -> int:
@@ -369,6 +354,13 @@ def _edit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _args_tick(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID")
+    parser.add_argument("step", metavar="STEP", help="step id, e.g. check-2 (see 'tuimon incidents show')")
+    parser.add_argument("--runbook", help="runbook name (needed when several runbooks match)")
+    parser.add_argument("--undo", action="store_true", help="untick the step")
+
+
 def _tick(args: argparse.Namespace) -> int:
     from tuimon.errors import UserError
 
@@ -383,6 +375,11 @@ def _tick(args: argparse.Namespace) -> int:
             name = having[0]
         _print_entry(args, kb.tick_step(args.id, name, args.step, checked=not args.undo))
     return 0
+
+
+def _args_similar(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", nargs="+", metavar="KIND")
+    parser.add_argument("--limit", type=int, default=5)
 
 
 def _similar(args: argparse.Namespace) -> int:
@@ -414,6 +411,10 @@ def _similar(args: argparse.Namespace) -> int:
             where = ", ".join(f"#{n}" for n in remedy.incidents)
             print(f"  {remedy.outcome.replace('_', ' '):<11} {remedy.times}x  {remedy.text}  ({where})")
     return 0
+
+
+def _args_runbooks(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", metavar="NAME")
 
 
 def _runbooks(args: argparse.Namespace) -> int:
@@ -454,6 +455,11 @@ def _runbooks(args: argparse.Namespace) -> int:
     return 1 if library.problems else 0
 
 
+def _args_export(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR")
+    parser.add_argument("ids", nargs="*", metavar="ID")
+
+
 def _export(args: argparse.Namespace) -> int:
     with _open(args) as kb:
         show_progress = sys.stderr.isatty() and not args.json
@@ -481,6 +487,10 @@ def _export(args: argparse.Namespace) -> int:
                 f"{len(report.removed)} renamed away, in {args.out}"
             )
     return 0
+
+
+def _args_import(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH")
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -533,3 +543,29 @@ def _where(args: argparse.Namespace) -> int:
             for key, value in info.items():
                 print(f"{key.replace('_', ' ') + ':':<16} {value}")
     return 0
+
+
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    """A subcommand with only the common options."""
+
+
+#: Every subcommand: name, help, its arguments, its handler (the order of ``--help``).
+_SUBCOMMANDS: list[tuple[str, str, Arguments, Handler]] = [
+    ("new", "open an incident and print its number", _args_new, _new),
+    ("list", "list incidents, most recently active first", _args_list, _list),
+    ("show", "show one incident as Markdown (or JSON)", _args_show, _show),
+    ("search", 'full-text search: words, "exact phrases", prefix*, OR, NOT', _args_search, _search),
+    ("add-note", "add a note to the timeline ('-' reads it from stdin)", _args_add_note, _add_note),
+    ("tried", "record something tried and its outcome", _args_tried, _tried),
+    ("status", "change an incident's status", _args_status, _status),
+    ("edit", "change fields and tags of an incident", _args_edit, _edit),
+    ("tick", "tick (or untick) a runbook step of an incident", _args_tick, _tick),
+    ("similar", "past incidents of these kinds and what helped", _args_similar, _similar),
+    (
+        "runbooks", "list runbooks (and broken runbook files), or show one as a checklist",
+        _args_runbooks, _runbooks,
+    ),
+    ("export", "write incidents as Markdown files (all of them if no ID)", _args_export, _export),
+    ("import", "merge exported Markdown files (folders or files) by incident id", _args_import, _import),
+    ("where", "show which knowledge base is used and why", _no_arguments, _where),
+]

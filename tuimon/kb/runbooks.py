@@ -20,9 +20,11 @@ skipped, so one bad edit never hides the other runbooks.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from markdown_it.token import Token
 
 import tuimon
 from tuimon.kb.markdown import block_end, inline_texts, line_of, list_items, markdown_parser
@@ -91,150 +93,152 @@ class Runbook:
         return next((step for step in self.steps() if step.id == step_id), None)
 
 
-
-
-
-
-
-
-
-
-
-
 def parse_runbook(text: str, path: Path) -> Runbook:
     """Parse one runbook; raises :class:`RunbookError` naming the line of the first problem."""
+    reader = _RunbookReader(text)
     tokens = markdown_parser().parse(text)
-    title = ""
-    kinds: tuple[str, ...] = ()
-    section: str | None = None
-    section_line = 1
-    symptom: list[str] = []
-    lists: dict[str, list[str]] = {name: [] for name in _LIST_SECTIONS}
-    causes: list[Cause] = []
-    cause_head: tuple[str, int] | None = None
-    cause_fields: dict[str, tuple[str, int]] = {}
-    cause_text: list[str] = []
-    seen_sections: set[str] = set()
-    source = text.split("\n")
-
-    def close_cause() -> None:
-        nonlocal cause_head, cause_fields, cause_text
-        if cause_head is None:
-            return
-        name, line = cause_head
-        for field in ("Component", "Verify", "Mitigate"):
-            if not cause_fields.get(field, ("", 0))[0]:
-                raise RunbookError(line, f"cause {name!r} has no **{field}:** item")
-        component, component_line = cause_fields["Component"]
-        if component.lower() not in COMPONENTS:
-            raise RunbookError(
-                component_line,
-                f"cause {name!r}: component {component!r} is not one of {', '.join(COMPONENTS)}",
-            )
-        causes.append(
-            Cause(
-                name,
-                component.lower(),
-                cause_fields["Verify"][0],
-                cause_fields["Mitigate"][0],
-                "\n\n".join(cause_text),
-                line,
-            )
-        )
-        cause_head, cause_fields, cause_text = None, {}, []
-
     index = 0
     while index < len(tokens):
-        token = tokens[index]
         end = block_end(tokens, index)
+        reader.read_block(tokens, index, end)
+        index = end
+    return reader.finish(path)
+
+
+class _RunbookReader:
+    """Reads a runbook's blocks in order; each section's blocks go to that section's reader."""
+
+    def __init__(self, text: str) -> None:
+        self.source = text.split("\n")
+        self.title = ""
+        self.kinds: tuple[str, ...] = ()
+        self.section: str | None = None
+        self.section_line = 1
+        self.seen_sections: set[str] = set()
+        self.symptom: list[str] = []
+        self.lists: dict[str, list[str]] = {name: [] for name in _LIST_SECTIONS}
+        self.causes: list[Cause] = []
+        # The cause being read: its heading and line, its **Field:** items, its free text.
+        self.cause_head: tuple[str, int] | None = None
+        self.cause_fields: dict[str, tuple[str, int]] = {}
+        self.cause_text: list[str] = []
+
+    def read_block(self, tokens: Sequence[Token], index: int, end: int) -> None:
+        token = tokens[index]
         line = line_of(token)
         if token.type == "heading_open":
-            heading = tokens[index + 1].content.strip()
-            if token.tag == "h1":
-                if title:
-                    raise RunbookError(line, "a runbook has one '# title'")
-                title = heading
-            elif token.tag == "h2":
-                close_cause()
-                section = heading.lower()
-                if section not in SECTIONS:
-                    raise RunbookError(
-                        line, f"unknown section {heading!r}; sections are: {', '.join(SECTIONS)}"
-                    )
-                if section in seen_sections:
-                    raise RunbookError(line, f"section {heading!r} appears twice")
-                seen_sections.add(section)
-                section_line = line
-            elif token.tag == "h3" and section == "likely causes":
-                close_cause()
-                cause_head = (heading, line)
-            else:
-                raise RunbookError(line, f"unexpected heading {heading!r} here")
-        elif not title:
+            self._heading(token.tag, tokens[index + 1].content.strip(), line)
+        elif not self.title:
             raise RunbookError(line, "a runbook starts with a '# title' line")
-        elif section is None:
-            content = "\n".join(inline_texts(tokens, index, end))
-            if not _APPLIES.match(content):
-                raise RunbookError(
-                    line, "before the first section, only '**Applies to:** `kind`, ...' is expected"
-                )
-            kinds = tuple(
-                child.content
-                for t in tokens[index:end]
-                if t.type == "inline"
-                for child in t.children or []
-                if child.type == "code_inline"
-            )
-            bad = [kind for kind in kinds if not _KIND.fullmatch(kind)]
-            if not kinds or bad:
-                raise RunbookError(line, "'**Applies to:**' lists event kinds as `code`, e.g. `loss_spike`")
-        elif section == "symptom":
-            first, last = token.map or (0, 0)
-            symptom.append("\n".join(source[first:last]).strip())
-        elif section in _LIST_SECTIONS:
+        elif self.section is None:
+            self._applies_to(tokens, index, end, line)
+        elif self.section == "symptom":
+            self.symptom.append(self._source_of(token))
+        elif self.section in _LIST_SECTIONS:
             if token.type not in ("bullet_list_open", "ordered_list_open"):
-                raise RunbookError(line, f"section {section!r} holds a list of steps")
-            lists[section].extend(item for _, item in list_items(tokens, index, end))
-        elif section == "likely causes":
-            if cause_head is None:
-                raise RunbookError(line, "under 'Likely causes', each cause starts with a '### heading'")
-            if token.type == "bullet_list_open":
-                for item_line, item in list_items(tokens, index, end):
-                    match = _FIELD.match(item)
-                    if not match:
-                        raise RunbookError(
-                            item_line, "cause items are **Component:**, **Verify:** or **Mitigate:**"
-                        )
-                    cause_fields[match.group(1)] = (match.group(2).strip(), item_line)
-            else:
-                first, last = token.map or (0, 0)
-                cause_text.append("\n".join(source[first:last]).strip())
-        index = end
-    close_cause()
-    if not title:
-        raise RunbookError(1, "empty runbook: it needs a '# title'")
-    if not kinds:
-        raise RunbookError(1, "no '**Applies to:** `kind`' line under the title")
-    last_line = len(source)
-    for name in SECTIONS:
-        if name not in seen_sections:
-            raise RunbookError(last_line, f"missing section '## {name.capitalize()}'")
-    for name in _LIST_SECTIONS:
-        if not lists[name]:
-            raise RunbookError(section_line, f"section '{name}' has no steps")
-    if not causes:
-        raise RunbookError(section_line, "'Likely causes' has no '### cause'")
-    return Runbook(
-        name=path.stem,
-        path=path,
-        title=title,
-        kinds=kinds,
-        symptom="\n\n".join(symptom),
-        first_checks=tuple(lists["first checks"]),
-        causes=tuple(causes),
-        escalation=tuple(lists["escalation"]),
-        record=tuple(lists["what to record"]),
-    )
+                raise RunbookError(line, f"section {self.section!r} holds a list of steps")
+            self.lists[self.section].extend(item for _, item in list_items(tokens, index, end))
+        elif self.section == "likely causes":
+            self._cause_block(tokens, index, end, line)
+
+    def _source_of(self, token: Token) -> str:
+        first, last = token.map or (0, 0)
+        return "\n".join(self.source[first:last]).strip()
+
+    def _heading(self, tag: str, heading: str, line: int) -> None:
+        if tag == "h1":
+            if self.title:
+                raise RunbookError(line, "a runbook has one '# title'")
+            self.title = heading
+        elif tag == "h2":
+            self._close_cause()
+            section = heading.lower()
+            if section not in SECTIONS:
+                raise RunbookError(line, f"unknown section {heading!r}; sections are: {', '.join(SECTIONS)}")
+            if section in self.seen_sections:
+                raise RunbookError(line, f"section {heading!r} appears twice")
+            self.seen_sections.add(section)
+            self.section, self.section_line = section, line
+        elif tag == "h3" and self.section == "likely causes":
+            self._close_cause()
+            self.cause_head = (heading, line)
+        else:
+            raise RunbookError(line, f"unexpected heading {heading!r} here")
+
+    def _applies_to(self, tokens: Sequence[Token], index: int, end: int, line: int) -> None:
+        """The one block allowed between the title and the first section: the event kinds."""
+        if not _APPLIES.match("\n".join(inline_texts(tokens, index, end))):
+            raise RunbookError(
+                line, "before the first section, only '**Applies to:** `kind`, ...' is expected"
+            )
+        self.kinds = tuple(
+            child.content
+            for t in tokens[index:end]
+            if t.type == "inline"
+            for child in t.children or []
+            if child.type == "code_inline"
+        )
+        if not self.kinds or any(not _KIND.fullmatch(kind) for kind in self.kinds):
+            raise RunbookError(line, "'**Applies to:**' lists event kinds as `code`, e.g. `loss_spike`")
+
+    def _cause_block(self, tokens: Sequence[Token], index: int, end: int, line: int) -> None:
+        if self.cause_head is None:
+            raise RunbookError(line, "under 'Likely causes', each cause starts with a '### heading'")
+        if tokens[index].type != "bullet_list_open":
+            self.cause_text.append(self._source_of(tokens[index]))
+            return
+        for item_line, item in list_items(tokens, index, end):
+            match = _FIELD.match(item)
+            if not match:
+                raise RunbookError(item_line, "cause items are **Component:**, **Verify:** or **Mitigate:**")
+            self.cause_fields[match.group(1)] = (match.group(2).strip(), item_line)
+
+    def _close_cause(self) -> None:
+        """The cause being read is complete (a heading or the end follows): check and keep it."""
+        if self.cause_head is None:
+            return
+        name, line = self.cause_head
+        fields = self.cause_fields
+        for field in ("Component", "Verify", "Mitigate"):
+            if not fields.get(field, ("", 0))[0]:
+                raise RunbookError(line, f"cause {name!r} has no **{field}:** item")
+        component, component_line = fields["Component"]
+        if component.lower() not in COMPONENTS:
+            allowed = ", ".join(COMPONENTS)
+            problem = f"cause {name!r}: component {component!r} is not one of {allowed}"
+            raise RunbookError(component_line, problem)
+        explanation = "\n\n".join(self.cause_text)
+        self.causes.append(
+            Cause(name, component.lower(), fields["Verify"][0], fields["Mitigate"][0], explanation, line)
+        )
+        self.cause_head, self.cause_fields, self.cause_text = None, {}, []
+
+    def finish(self, path: Path) -> Runbook:
+        """The whole file was read: check that nothing required is missing."""
+        self._close_cause()
+        if not self.title:
+            raise RunbookError(1, "empty runbook: it needs a '# title'")
+        if not self.kinds:
+            raise RunbookError(1, "no '**Applies to:** `kind`' line under the title")
+        for name in SECTIONS:
+            if name not in self.seen_sections:
+                raise RunbookError(len(self.source), f"missing section '## {name.capitalize()}'")
+        for name in _LIST_SECTIONS:
+            if not self.lists[name]:
+                raise RunbookError(self.section_line, f"section '{name}' has no steps")
+        if not self.causes:
+            raise RunbookError(self.section_line, "'Likely causes' has no '### cause'")
+        return Runbook(
+            name=path.stem,
+            path=path,
+            title=self.title,
+            kinds=self.kinds,
+            symptom="\n\n".join(self.symptom),
+            first_checks=tuple(self.lists["first checks"]),
+            causes=tuple(self.causes),
+            escalation=tuple(self.lists["escalation"]),
+            record=tuple(self.lists["what to record"]),
+        )
 
 
 @dataclass(frozen=True)
