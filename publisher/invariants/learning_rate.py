@@ -74,26 +74,33 @@ class ZeroLrCheck(Check):
         if any(self._zero_since[g] is not None and (self._was_positive[g] or all_zero) and g not in stuck
                for g in range(len(groups))):
             self.schedule.request(index + 1)  # a group kept at 0 on purpose from the start is not watched
+        self._report(index, step, len(groups), stuck, all_zero)
+
+    def _report(self, index: int, step: int, n_groups: int, stuck: list[int], all_zero: bool) -> None:
+        """Flag groups whose rate decayed to 0 and stayed there, or a rate that was never positive;
+        or say the rate is positive again after a violation."""
         decayed = [g for g in stuck if self._was_positive[g]]
         opt = self._watched.index
         if decayed:
-            first = min(self._zero_since[g][1] for g in decayed)
-            last_positive = max(self._last_positive[g] for g in decayed)
+            zero_since = [since for since in (self._zero_since[g] for g in decayed) if since is not None]
+            first = min(reported for _, reported in zero_since)
+            last_positive = max(self._last_positive[g] or 0 for g in decayed)
             when = (f"at step {first}" if last_positive == first - 1
                     else f"between steps {last_positive + 1} and {first}")
+            checked = index - min(checked_at for checked_at, _ in zero_since) + 1
             message = (f"optimizer {opt}: learning rate of param group(s) {decayed} reached 0 {when} and has "
-                       f"stayed 0 for {index - min(self._zero_since[g][0] for g in decayed) + 1} checked "
-                       "steps in a row while training continues: step() changes nothing")
+                       f"stayed 0 for {checked} checked steps in a row while training continues: step() "
+                       "changes nothing")
             details = {"optimizer": opt, "groups": decayed, "lr_zero_since_step": first,
                        "lr_last_positive_step": last_positive,
                        "likely_causes": ["a schedule that decays to 0 before the last step (total steps "
                                          "too small, scheduler stepped per batch instead of per epoch)",
                                          "a multiplicative lr drop with factor 0"]}
             self._flag(step, message, details, ("decayed", tuple(decayed)))
-        elif all_zero and len(stuck) == len(groups):
+        elif all_zero and len(stuck) == n_groups:
             message = (f"optimizer {opt}: learning rate is 0 in every param group since its first step "
                        f"({index + 1} steps): step() changes nothing")
-            details = {"optimizer": opt, "groups": list(range(len(groups))),
+            details = {"optimizer": opt, "groups": list(range(n_groups)),
                        "likely_causes": ["lr parsed or scaled to 0 (integer division, lr * 0 batch scaling)",
                                          "a warm-up that never starts (warm-up length 0 or infinite)"]}
             self._flag(step, message, details, ("never positive",))

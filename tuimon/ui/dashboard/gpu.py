@@ -70,6 +70,11 @@ def _name(device: DeviceView) -> str:
 
 def render_device(device: DeviceView, outlier: str | None, *, show_rank: bool, show_name: bool) -> Content:
     """The card's text: a title line with marks, then one line per metric."""
+    return Content("\n").join([_title(device, outlier, show_rank, show_name), *_metric_lines(device)])
+
+
+def _title(device: DeviceView, outlier: str | None, show_rank: bool, show_name: bool) -> Content:
+    """Which GPU, its clock, and what is wrong with it (outlier, throttling, ECC errors)."""
     latest = device.latest
     who = f"r{device.rank} GPU {device.index}" if show_rank else f"GPU {device.index}"
     title = [Content.styled(who, "bold")]
@@ -87,45 +92,27 @@ def render_device(device: DeviceView, outlier: str | None, *, show_rank: bool, s
     ecc = latest.get("ecc_errors")
     if isinstance(ecc, int) and ecc > 0:
         title.append(Content.styled(f" ✖ ECC {ecc}", "bold $error"))
+    return Content("").join(title)
 
+
+def _metric_lines(device: DeviceView) -> list[Content]:
+    """Utilisation, memory, temperature and power: bar, value, history."""
+    latest, history = device.latest, device.history
     util = _value(latest, "util")
     used, total = _value(latest, "mem_used"), _value(latest, "mem_total")
     temp = _value(latest, "temp_c")
     power, limit = _value(latest, "power_w"), _value(latest, "power_limit_w")
-    history = device.history
     max_power = limit or max([p for p in history["power"] if not math.isnan(p)] or [1.0])
     memory = f"{used / _GIB:.1f}/{total / _GIB:.0f} GiB" if used is not None and total else "—"
-    lines = [
-        Content("").join(title),
-        _line(
-            "util",
-            _fraction(util, 100.0),
-            f"{util:.0f} %" if util is not None else "—",
-            history["util"],
-            0.0,
-            100.0,
-        ),
+    watts = "—" if power is None else (f"{power:.0f}/{limit:.0f} W" if limit else f"{power:.0f} W")
+    return [
+        _line("util", _fraction(util, 100.0), f"{util:.0f} %" if util is not None else "—",
+              history["util"], 0.0, 100.0),
         _line("mem", _fraction(used, total), memory, history["mem"], 0.0, 100.0),
-        _line(
-            "temp",
-            _fraction(temp, 100.0),
-            f"{temp:.0f} °C" if temp is not None else "—",
-            history["temp"],
-            20.0,
-            100.0,
-        ),
-        _line(
-            "power",
-            _fraction(power, max_power),
-            f"{power:.0f}/{limit:.0f} W"
-            if power is not None and limit
-            else (f"{power:.0f} W" if power is not None else "—"),
-            history["power"],
-            0.0,
-            max_power,
-        ),
+        _line("temp", _fraction(temp, 100.0), f"{temp:.0f} °C" if temp is not None else "—",
+              history["temp"], 20.0, 100.0),
+        _line("power", _fraction(power, max_power), watts, history["power"], 0.0, max_power),
     ]
-    return Content("\n").join(lines)
 
 
 class GpuCard(Static):

@@ -355,6 +355,7 @@ class IncidentScreen(Screen[None]):
                 self.call_after_refresh(timeline.scroll_end, animate=False)
 
     def _draw_banner(self) -> None:
+        """Where the knowledge base is; the selected event and what the knowledge base knows of it."""
         link = self.link
         where = (
             f"{link.location.path} (chosen by {link.location.source})"
@@ -364,8 +365,7 @@ class IncidentScreen(Screen[None]):
         lines = [Content.assemble(("Incident knowledge base ", "bold $primary"), (where, _DIM))]
         if link.error:
             lines.append(Content.styled(link.error, "bold $error"))
-        context = self.context
-        if context is None:
+        if self.context is None:
             lines.append(
                 Content.styled(
                     "No event selected on the dashboard (select one in its event log, then press i): "
@@ -374,40 +374,43 @@ class IncidentScreen(Screen[None]):
                 )
             )
         else:
-            event = context.event
-            at = f" at step {event.step:,}" if event.step is not None else ""
-            lines.append(
-                Content.assemble(
-                    ("Selected event: ", "bold"),
-                    severity(event.severity),
-                    (f" {event.kind}{at}", "bold"),
-                    (f" · run {context.run} · ", _DIM),
-                    event.message,
-                )
-            )
-            knowledge = self._knowledge
-            if self._knowledge_error:
-                lines.append(Content.styled(self._knowledge_error, "$error"))
-            elif knowledge is not None:
-                lines.append(seen_before_content(knowledge.seen))
-                if knowledge.recorded_in:
-                    first = knowledge.recorded_in[0]
-                    lines.append(
-                        Content.assemble(
-                            ("Recorded in ", "bold"),
-                            (", ".join(i.ref for i in knowledge.recorded_in), "bold $primary"),
-                            " (",
-                            status_label(first.status),
-                            "): a adds a note, t something tried",
-                        )
-                    )
-                else:
-                    lines.append(
-                        Content.assemble(
-                            ("Not in any incident yet: ", "bold $warning"), "n opens one from it"
-                        )
-                    )
+            lines += self._event_lines(self.context)
         self.query_one("#kb-banner", Static).update(Content("\n").join(lines))
+
+    def _event_lines(self, context: EventContext) -> list[Content]:
+        """The selected event, whether its kind was seen before and what helped, where it is recorded."""
+        event = context.event
+        at = f" at step {event.step:,}" if event.step is not None else ""
+        lines = [
+            Content.assemble(
+                ("Selected event: ", "bold"),
+                severity(event.severity),
+                (f" {event.kind}{at}", "bold"),
+                (f" · run {context.run} · ", _DIM),
+                event.message,
+            )
+        ]
+        knowledge = self._knowledge
+        if self._knowledge_error:
+            lines.append(Content.styled(self._knowledge_error, "$error"))
+        elif knowledge is not None:
+            lines.append(seen_before_content(knowledge.seen))
+            if knowledge.recorded_in:
+                first = knowledge.recorded_in[0]
+                lines.append(
+                    Content.assemble(
+                        ("Recorded in ", "bold"),
+                        (", ".join(i.ref for i in knowledge.recorded_in), "bold $primary"),
+                        " (",
+                        status_label(first.status),
+                        "): a adds a note, t something tried",
+                    )
+                )
+            else:
+                lines.append(
+                    Content.assemble(("Not in any incident yet: ", "bold $warning"), "n opens one from it")
+                )
+        return lines
 
     def _filter_text(self) -> str:
         where = self.where
