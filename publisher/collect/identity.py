@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,28 +25,24 @@ def env_int(name: str) -> int | None:
         return None
 
 
-def _distributed() -> Any:
-    """``torch.distributed`` when a process group is up, else None."""
+def _env_or_group(name: str, read: Callable[[Any], int], default: int) -> int:
+    """``$name``, else what ``read`` says of the torch.distributed process group once it is up,
+    else ``default``."""
+    value = env_int(name)
+    if value is not None:
+        return value
     dist = torch.distributed
-    return dist if dist.is_available() and dist.is_initialized() else None
+    return read(dist) if dist.is_available() and dist.is_initialized() else default
 
 
 def default_rank() -> int:
     """``$RANK``, else the torch.distributed rank once a process group is up, else 0."""
-    rank = env_int("RANK")
-    if rank is not None:
-        return rank
-    dist = _distributed()
-    return dist.get_rank() if dist else 0
+    return _env_or_group("RANK", lambda dist: dist.get_rank(), 0)
 
 
 def default_world_size() -> int:
     """``$WORLD_SIZE``, else the process group's size, else 1."""
-    size = env_int("WORLD_SIZE")
-    if size is not None:
-        return size
-    dist = _distributed()
-    return dist.get_world_size() if dist else 1
+    return _env_or_group("WORLD_SIZE", lambda dist: dist.get_world_size(), 1)
 
 
 def local_rank() -> int:
