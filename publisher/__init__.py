@@ -22,7 +22,15 @@ imported lazily so that ``publisher.wire`` stays importable without torch.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time the names load on first use
+    from publisher.detectors.base import Detector, Finding
+    from publisher.detectors.suite import default_detectors
+    from publisher.invariants.config import InvariantConfig
+    from publisher.monitor import Monitor
+    from publisher.stats.sampler import StatsConfig
+    from publisher.wire.event_kinds import EVENT_KINDS
 
 #: Public name -> the module that defines it.
 _PUBLIC = {
@@ -35,7 +43,15 @@ _PUBLIC = {
     "EVENT_KINDS": "publisher.wire.event_kinds",
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "EVENT_KINDS",
+    "Detector",
+    "Finding",
+    "InvariantConfig",
+    "Monitor",
+    "StatsConfig",
+    "default_detectors",
+]
 
 
 def __getattr__(name: str) -> Any:

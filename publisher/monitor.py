@@ -189,7 +189,8 @@ class Monitor:
         grads = None if "grad_norm" in extra else self._read_grad_norm(sampling, readings)
         self._read_lr(readings)
         self._read_timing(now, tokens, samples, data_time, readings)
-        self._read_extras(extra, readings)
+        if extra:
+            self._read_extras(extra, readings)
         self._send(step, readings, grads, sampling)
         if layers is not None:
             layers.advance(self._timer.clock.seconds)
@@ -198,7 +199,7 @@ class Monitor:
 
     def _read_grad_norm(self, sampling: bool, readings: StepReadings) -> GradNorms | None:
         """The gradient norms on a sampled step, else as often as ``grad_norm_budget`` allows."""
-        if not self._params:
+        if not self._params.params:
             return None
         try:
             grads = (self._grad_norm.now(self._params.current()) if sampling

@@ -459,3 +459,32 @@ def test_simulated_gpus_idle_before_the_first_step_raise_no_low_utilisation(tmp_
     idle = [m for m in of_type(messages, "gpu") if "step" not in m]
     assert len(idle) > 100 and all(d["util"] < 10 for m in idle for d in m["devices"])
     assert not [e["kind"] for e in of_type(messages, "event")]
+
+
+def test_a_training_script_imports_what_it_configures_from_the_package() -> None:
+    """The README's promise: whatever folder a name lives in, ``from publisher import ...`` works,
+    in a fresh interpreter, and importing the package alone loads neither torch nor the app."""
+    script = textwrap.dedent(
+        """
+        import sys
+        import publisher
+        assert "torch" not in sys.modules and "tuimon" not in sys.modules
+        from publisher import (EVENT_KINDS, Detector, Finding, InvariantConfig, Monitor, StatsConfig,
+                               default_detectors)
+        assert sorted(publisher.__all__) == sorted(
+            ["EVENT_KINDS", "Detector", "Finding", "InvariantConfig", "Monitor", "StatsConfig",
+             "default_detectors"])
+        assert isinstance(default_detectors()[0], Detector) and "loss_spike" in EVENT_KINDS
+        assert StatsConfig().budget > 0 and InvariantConfig().check_every > 0
+        assert Monitor.__module__ == "publisher.monitor" and Finding.__module__ == "publisher.detectors.base"
+        try:
+            publisher.Mointor
+        except AttributeError as exc:
+            assert "Mointor" in str(exc)
+        else:
+            raise AssertionError("a misspelt name must fail")
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -17,12 +17,10 @@ class TrainedParams:
     def __init__(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> None:
         self.model = model
         self.optimizers: list[torch.optim.Optimizer] = [optimizer] if optimizer is not None else []
-        self._params = self._read()
+        #: The parameters as of the last read (an attribute: the hot path tests it every step);
+        #: :meth:`current` re-reads them first when the optimizers changed.
+        self.params = self._read()
         self._n_groups = self._count_groups()
-
-    def __bool__(self) -> bool:
-        """Whether any parameter is trained (as of the last read: cheap, for the hot path)."""
-        return bool(self._params)
 
     @property
     def primary(self) -> torch.optim.Optimizer | None:
@@ -33,7 +31,7 @@ class TrainedParams:
         if any(optimizer is known for known in self.optimizers):
             return False
         self.optimizers.append(optimizer)
-        self._params = self._read()
+        self.params = self._read()
         self._n_groups = self._count_groups()
         return True
 
@@ -42,12 +40,12 @@ class TrainedParams:
         n_groups = self._count_groups()
         if n_groups != self._n_groups:
             self._n_groups = n_groups
-            self._params = self._read()
-        return self._params
+            self.params = self._read()
+        return self.params
 
     def device(self) -> torch.device | None:
         """Where the parameters live (the first one's device), None when there are none."""
-        return self._params[0].device if self._params else None
+        return self.params[0].device if self.params else None
 
     def _count_groups(self) -> int:
         return sum(len(optimizer.param_groups) for optimizer in self.optimizers)
