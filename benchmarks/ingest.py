@@ -45,9 +45,9 @@ RUN = "bench"
 #: The publisher: binds, prints its endpoint, waits for "go", then sends at the target rate for the
 #: given seconds, a heartbeat every second, and prints "sent dropped" at the end.
 PUBLISHER = r"""
-import sys, time, zmq
+import os, sys, time, zmq
 from publisher.wire.protocol import decode, encode, make_message
-rate, seconds = float(sys.argv[1]), float(sys.argv[2])
+rate, seconds, hostile = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "hostile"
 context = zmq.Context()
 pub = context.socket(zmq.PUB)
 pub.sndhwm = 100_000
@@ -58,6 +58,25 @@ template = (b'{"v":1,"type":"metrics","run":"bench","rank":0,"host":"bench","ts"
             b'"step":%d,"metrics":{"loss":%.5f,"sent_at":%.6f}}')
 decode(template % (1.0, 0, 0, 1.0, 1.0))  # the frames are valid protocol
 seq = sent = dropped = 0
+def odd_message(step, ts):
+    # What a buggy or hostile peer sends: new metric names every time, new event ids, non-finite
+    # GPU readings, nested details, and frames that are not protocol at all.
+    envelope = dict(run="bench", rank=0, host="bench", ts=ts, seq=seq)
+    choice = int(os.environ["ODD"]) if os.environ.get("ODD") else (step // 5) % 5
+    if choice == 0:
+        return encode(make_message("metrics", step=step, **envelope,
+                                   metrics={f"m{step}_{i}": float(i) for i in range(200)}))
+    if choice == 1:
+        details = {"tree": {"a": {"b": {"c": {"d": list(range(50))}}}}}
+        return encode(make_message("event", step=step, **envelope, id=f"e{step}", severity="warning",
+                                   kind=f"kind{step % 97}", message="x" * 200, details=details, count=1))
+    if choice == 2:
+        devices = [{"index": i, "util": "inf", "temp_c": "nan", "mem_used": "-inf", "mem_total": 0}
+                   for i in range(64)]
+        return encode(make_message("gpu", step=step, **envelope, devices=devices))
+    if choice == 3:
+        return b'{"v":1,"type":["metrics"],"run":"bench"}'
+    return b"[" * 2000
 def send(frame):
     global seq, sent, dropped
     try:
@@ -82,6 +101,8 @@ while True:
     due = int((now - start) * rate)
     while step < due:
         ts = time.time()
+        if hostile and step % 5 == 1:
+            send(odd_message(step, ts))
         send(template % (ts, seq, step, 1.0 / (1 + step), ts))
         step += 1
     if now >= next_beat:
@@ -107,6 +128,7 @@ class Result:
     idle_key_ms: list[float]
     timer_late_ms: list[float]
     delays_s: list[float]
+    malformed: int
 
 
 def shown_step(app: TuimonApp) -> int | None:
@@ -145,9 +167,9 @@ async def key_press_ms(app: ProbeApp, pilot: object) -> float:
     return (app.handled - started) * 1000
 
 
-async def measure(rate: int, seconds: float) -> Result:
+async def measure(rate: int, seconds: float, traffic: str) -> Result:
     publisher = subprocess.Popen(
-        [sys.executable, "-c", PUBLISHER, str(rate), str(seconds)],
+        [sys.executable, "-c", PUBLISHER, str(rate), str(seconds), traffic],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -199,7 +221,9 @@ async def measure(rate: int, seconds: float) -> Result:
         lost = store.counters().gaps
         # The baseline, same run: the same key press with the same data on screen, no traffic.
         idle_ms = [await key_press_ms(app, pilot) for _ in range(10)]
-    return Result(rate, sent, steps, pub_dropped, received, lost, elapsed, key_ms, idle_ms, late_ms, delays)
+    malformed = store.counters().malformed
+    return Result(rate, sent, steps, pub_dropped, received, lost, elapsed, key_ms, idle_ms, late_ms, delays,
+                  malformed)
 
 
 def p95(values: list[float]) -> float:
@@ -214,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="10000,50000,100000", help="target msg/s, comma-separated")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of sending per rate")
+    parser.add_argument(
+        "--traffic",
+        choices=("plain", "hostile"),
+        default="plain",
+        help="plain: valid metrics only; hostile: also, every fifth step, a message with 200 new metric "
+        "names, an event with a new id, 64 GPUs reading inf/nan, a bad type, or 2,000 brackets",
+    )
     args = parser.parse_args(argv)
     rates = [int(rate) for rate in args.rates.split(",")]
     print(
@@ -228,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     verdicts = []
     for rate in rates:
-        result = asyncio.run(measure(rate, args.seconds))
+        result = asyncio.run(measure(rate, args.seconds, args.traffic))
         absorbed = result.received / result.seconds
         key = statistics.median(result.key_ms) if result.key_ms else float("nan")
         base = statistics.median(result.idle_key_ms)
@@ -243,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{key / base:>6.2f} {p95(result.timer_late_ms):>11.1f} ms "
             f"{delay[0]:>6.2f}/{delay[1]:.2f}/{delay[2]:.2f}"
         )
-        if rate == 50_000:
+        if args.traffic == "hostile":
+            verdicts.append(f"{rate:,} msg/s hostile: key p95 {p95(result.key_ms):.0f} ms (target <= 100), "
+                            f"malformed counted {result.malformed:,}")
+        elif rate == 50_000:
             verdicts.append(
                 f"50k msg/s: absorbed {absorbed:,.0f}/s (target 50,000), screen p95 delay "
                 f"{delay[1]:.2f} s (target <= 0.5)"

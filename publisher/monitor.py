@@ -45,9 +45,10 @@ from publisher.stats.grad_norm import BudgetedGradNorm, GradNorms
 from publisher.stats.layer_sample import SampleLayout
 from publisher.stats.sampler import StatsConfig
 from publisher.wire.event_kinds import EVENT_KINDS
-from publisher.wire.jsonsafe import json_safe
+from publisher.wire.jsonsafe import json_safe, truncate
 from publisher.wire.protocol import RUN_END_STATUSES, SEVERITIES
 from publisher.wire.run_end import end_status, end_status_at_exit
+from publisher.wire.validation import MAX_METRICS, MAX_NAME_CHARS
 from publisher.wiring import MonitorParts, TelemetryErrors
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ T = TypeVar("T")
 #: gradient once: negligible on a GPU, but on a CPU a 2M-parameter model pays ~1 ms, 5 % of a
 #: 20 ms step; it is then computed every few steps to stay within this budget.
 GRAD_NORM_BUDGET = 0.005
+#: Metrics a sampled step adds to the step's own (``param_norm``, ``update_ratio``): kept free
+#: when the caller's extras fill the message towards the protocol's limit.
+_SAMPLE_TOTALS = 8
 
 
 class Monitor:
@@ -238,9 +242,14 @@ class Monitor:
             metrics.update(self._memory.read(now))
 
     def _read_extras(self, extra: dict[str, Any], readings: StepReadings) -> None:
-        """The caller's own numbers; one that is not a number costs itself only."""
+        """The caller's own numbers; one that is not a number, or beyond the protocol's bounds for
+        names, costs itself only."""
+        room = MAX_METRICS - len(readings.metrics) - len(readings.waiting) - _SAMPLE_TOTALS
         for name, value in extra.items():
             try:
+                if len(name) > MAX_NAME_CHARS or room <= 0:
+                    raise ValueError(f"over {MAX_METRICS} metrics, or a name over {MAX_NAME_CHARS} chars")
+                room -= 1
                 if isinstance(value, torch.Tensor) and value.numel() != 1:
                     raise ValueError(f"a tensor of shape {tuple(value.shape)} is not one number")
                 readings.add(name, value)
@@ -350,8 +359,8 @@ class Monitor:
                 step=(self._step or None) if step is None else step,
                 id=event_id,
                 severity=severity,
-                kind=str(kind),
-                message=str(message),
+                kind=truncate(str(kind), MAX_NAME_CHARS),
+                message=truncate(str(message)),
                 details=json_safe(details),
                 count=1,
             )

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from types import UnionType
 from typing import Any
 
 import orjson
 
+from publisher.wire.validation import MAX_FRAME_BYTES, REASONS, ProtocolError, check_message
+
+__all__ = [
+    "MAX_MESSAGE_BYTES", "MESSAGE_TYPES", "PROTOCOL_VERSION", "REASONS", "SNAPSHOT_REQUEST", "ProtocolError",
+    "decode", "encode", "encode_fitted", "make_message", "read_number", "wire_number", "wire_numbers",
+]
+
 PROTOCOL_VERSION = 1
 
-#: Larger messages are refused by the viewer (counted and skipped). The largest legitimate
-#: message is a ``gpu`` message for a big node or an ``event`` with rich details: far below this.
+#: Larger frames are refused before they are parsed (counted and skipped); each type has its
+#: own, smaller bound (:data:`~publisher.wire.validation.MAX_FRAME_BYTES`), this is the largest.
 MAX_MESSAGE_BYTES = 1 << 20
 
 MESSAGE_TYPES = frozenset(
@@ -45,18 +51,6 @@ SNAPSHOT_REQUEST = b'{"v": 1, "type": "snapshot_request"}'
 # (jq, a browser) can read a recording of a run whose loss went NaN.
 _NONFINITE_TO_WIRE = {"nan": "nan", "inf": "inf", "-inf": "-inf"}
 _WIRE_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-#: Why a frame was refused, as counted on the viewer's status line.
-REASONS = ("oversized", "not JSON", "not an object", "wrong version", "unknown type", "invalid field")
-
-
-class ProtocolError(ValueError):
-    """A message that is not valid tuimon protocol: the viewer counts it (by ``reason``) and skips it."""
-
-    def __init__(self, message: str, reason: str = "invalid field") -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def wire_number(value: float | int | None) -> float | int | str | None:
@@ -136,67 +130,59 @@ def encode(message: Mapping[str, Any]) -> bytes:
     return orjson.dumps(message)
 
 
-def _require(message: Mapping[str, Any], field: str, kind: type | UnionType | tuple[type, ...]) -> Any:
-    value = message.get(field)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ProtocolError(f"field {field!r} missing or not {getattr(kind, '__name__', kind)}")
-    return value
-
-
-def _check_body(message: Mapping[str, Any]) -> None:
-    """Type-specific checks: only what the viewer relies on, so that additions stay compatible."""
-    msg_type = message["type"]
-    if msg_type == "metrics":
-        _require(message, "step", int)
-        values = _require(message, "metrics", dict)
-        for name, value in values.items():
-            try:
-                read_number(value)
-            except ProtocolError as exc:
-                raise ProtocolError(f"metric {name!r}: {exc}") from None
-    elif msg_type == "gpu":
-        devices = _require(message, "devices", list)
-        for device in devices:
-            if not isinstance(device, dict) or not isinstance(device.get("index"), int):
-                raise ProtocolError("each gpu device needs an integer 'index'")
-    elif msg_type == "event":
-        if message.get("severity") not in SEVERITIES:
-            raise ProtocolError(f"event severity must be one of {SEVERITIES}")
-        _require(message, "kind", str)
-        _require(message, "message", str)
-    elif msg_type == "invariant":
-        _require(message, "name", str)
-        if message.get("status") not in INVARIANT_STATUSES:
-            raise ProtocolError(f"invariant status must be one of {INVARIANT_STATUSES}")
-    elif msg_type == "run_end" and message.get("status") not in RUN_END_STATUSES:
-        raise ProtocolError(f"run_end status must be one of {RUN_END_STATUSES}")
-
-
 def decode(frame: bytes | str) -> dict[str, Any]:
-    """Parse and validate one wire message. Raises :class:`ProtocolError` on anything wrong.
+    """Parse and validate one wire message (:mod:`publisher.wire.validation`); raises
+    :class:`ProtocolError` on anything wrong, and nothing else, whatever the frame holds.
 
     Size is checked before parsing so an oversized frame costs nothing to refuse.
     """
     if len(frame) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(frame)} bytes exceeds {MAX_MESSAGE_BYTES}", "oversized")
     try:
-        # orjson refuses bare NaN and nesting deeper than 1024 (a frame of "[[[[..." costs nothing).
+        # orjson refuses bare NaN, numbers beyond 64 bits or a double's range, and nesting deeper
+        # than 1024 (a frame of "[[[[..." costs nothing).
         message = orjson.loads(frame)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"not JSON: {exc}", "not JSON") from None
     if not isinstance(message, dict):
         raise ProtocolError("message is not a JSON object", "not an object")
     version = message.get("v")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}", "wrong version")
-    if message.get("type") not in MESSAGE_TYPES:
-        raise ProtocolError(f"unknown message type {message.get('type')!r}", "unknown type")
-    _require(message, "run", str)
-    _require(message, "rank", int)
-    _require(message, "host", str)
-    _require(message, "ts", int | float)
-    _require(message, "seq", int)
-    if "step" in message and not isinstance(message["step"], int):
-        raise ProtocolError("field 'step' is not an integer")
-    _check_body(message)
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        problem = f"protocol version {_quote(version)}, expected {PROTOCOL_VERSION}"
+        raise ProtocolError(problem, "wrong version")
+    msg_type = message.get("type")
+    if not isinstance(msg_type, str) or msg_type not in MESSAGE_TYPES:
+        raise ProtocolError(f"unknown message type {_quote(msg_type)}", "unknown type")
+    if len(frame) > MAX_FRAME_BYTES[msg_type]:
+        raise ProtocolError(
+            f"{msg_type} message of {len(frame):,} bytes exceeds {MAX_FRAME_BYTES[msg_type]:,}", "oversized"
+        )
+    check_message(message)
     return message
+
+
+#: Free-form fields replaced by a note when a message is over its type's size bound.
+_SHRINKABLE = ("details", "layers", "config", "repro", "versions")
+
+
+def encode_fitted(message: dict[str, Any]) -> bytes:
+    """:func:`encode`, and a message over its type's size bound (:data:`MAX_FRAME_BYTES`, which
+    readers enforce) made to fit: its free-form parts (event details, a config, a per-layer
+    sample) are replaced by a note saying so, so that readers still get the rest. ValueError if
+    that is not enough. What publishers send goes through here."""
+    frame = encode(message)
+    limit = MAX_FRAME_BYTES[message["type"]]
+    if len(frame) <= limit:
+        return frame
+    for field in _SHRINKABLE:
+        if field in message:
+            message[field] = {"…": f"left out: the message was {len(frame):,} bytes, over {limit:,}"}
+    fitted = encode(message)
+    if len(fitted) > limit:
+        raise ValueError(f"{message['type']} message of {len(fitted):,} bytes, over {limit:,}")
+    return fitted
+
+
+def _quote(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
+import ipaddress
 import logging
 import os
 import socket
@@ -36,11 +36,19 @@ from typing import Any
 
 import zmq
 
-from publisher.wire import registry
+from publisher.wire import registry, snapshot_gate
 from publisher.wire.history import SnapshotHistory
-from publisher.wire.protocol import MESSAGE_TYPES, PROTOCOL_VERSION, RUN_END_STATUSES, encode, make_message
+from publisher.wire.protocol import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    RUN_END_STATUSES,
+    encode,
+    encode_fitted,
+    make_message,
+)
 from publisher.wire.recorder import Recorder
 from publisher.wire.run_end import end_status, end_status_at_exit
+from publisher.wire.validation import MAX_NAME_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +62,21 @@ _ENDPOINT_EXAMPLES = (
 _IDLE_POLL_MS = 20
 #: Messages sent between two looks at the snapshot socket, so a burst cannot starve late joiners.
 _BATCH = 1_000
-#: Snapshot requests served per wake-up, so a client spamming requests cannot starve the stream.
-_REQUESTS_PER_WAKE = 4
-#: A snapshot request is ~40 bytes; ZeroMQ disconnects a peer that sends more than this.
-_MAX_REQUEST_BYTES = 4_096
-#: Snapshot replies queued per viewer; each can be megabytes, and a viewer needs only one.
-_SNAPSHOT_HWM = 8
 #: How long closing may wait to deliver the last messages (run_end) to viewers that are reading.
 _LINGER_MS = 200
 
 _QueuedMessage = tuple[str, int | None, float, dict[str, Any]]  # (type, step, ts, body)
+
+
+def _loopback_only(endpoint: str) -> bool:
+    """Whether a bound address is reachable from this machine only (ipc, or tcp on loopback)."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _snapshot_address(pub_endpoint: str) -> str:
@@ -71,19 +84,6 @@ def _snapshot_address(pub_endpoint: str) -> str:
     if pub_endpoint.startswith("tcp://"):
         return pub_endpoint.rpartition(":")[0] + ":*"
     return pub_endpoint + ".snapshot"
-
-
-def _is_snapshot_request(frame: bytes) -> bool:
-    """Whether a frame is a snapshot request: any JSON spelling of ``protocol.SNAPSHOT_REQUEST``."""
-    try:
-        request = json.loads(frame)
-    except (ValueError, RecursionError):
-        return False
-    return (
-        isinstance(request, dict)
-        and request.get("v") == PROTOCOL_VERSION
-        and request.get("type") == "snapshot_request"
-    )
 
 
 class Publisher:
@@ -116,6 +116,10 @@ class Publisher:
     ) -> None:
         if heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s!r}")
+        for what, value in (("run", run), ("host", host)):
+            if value is not None and not (isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS):
+                shown = repr(value)[:80]
+                raise ValueError(f"{what} must be a name of 1 to {MAX_NAME_CHARS} characters, got {shown}")
         self.run = run
         self.rank = rank
         self.host = host or socket.gethostname()
@@ -134,7 +138,7 @@ class Publisher:
         self._sent = 0
         self._send_dropped = 0
         self._recorded = 0
-        self._bad_requests = 0
+        self._gate = snapshot_gate.SnapshotGate()
         self._last_step: int | None = None
         self._warned: set[tuple[str, type]] = set()
 
@@ -173,8 +177,10 @@ class Publisher:
         pub.sndhwm = hwm
         pub.linger = _LINGER_MS
         router = self._context.socket(zmq.ROUTER)
-        router.sndhwm = _SNAPSHOT_HWM
-        router.maxmsgsize = _MAX_REQUEST_BYTES
+        router.sndhwm = snapshot_gate.SEND_HWM
+        router.router_mandatory = 1  # a reply that cannot be queued raises (caught), never blocks
+        router.rcvhwm = snapshot_gate.RECEIVE_HWM
+        router.maxmsgsize = snapshot_gate.MAX_REQUEST_BYTES
         router.linger = 0
         if "[" in endpoint:  # an IPv6 literal such as tcp://[::1]:*
             pub.ipv6 = router.ipv6 = True
@@ -188,6 +194,14 @@ class Publisher:
                 f"cannot publish on {endpoint!r}: {zmq.strerror(exc.errno)}; "
                 f"use an address such as {_ENDPOINT_EXAMPLES}"
             ) from None
+        if not _loopback_only(self._endpoint):
+            log.warning(
+                "tuimon: run %r publishes on %s, beyond this machine: anyone who can reach it can read "
+                "its metrics, events, config, argv and working directory, and send to its snapshot "
+                "socket; nothing is encrypted or authenticated. Bind to 127.0.0.1 or ipc:// unless "
+                "that is what you want.",
+                self.run, self._endpoint,
+            )
         return pub, router
 
     def _register(self) -> Path | None:
@@ -224,15 +238,20 @@ class Publisher:
     @property
     def bad_requests(self) -> int:
         """Frames on the snapshot socket that were not snapshot requests (ignored)."""
-        return self._bad_requests
+        return self._gate.bad
 
     def stats(self) -> dict[str, int]:
-        """Counts since start: ``sent``, ``dropped`` (never sent), ``queued``, ``recorded`` lines."""
+        """Counts since start: ``sent``, ``dropped`` (never sent), ``queued``, ``recorded`` lines;
+        on the snapshot socket, ``snapshots`` served, ``snapshots_refused`` (over a rate limit) and
+        ``bad_requests`` (frames that were not requests)."""
         return {
             "sent": self._sent,
             "dropped": self._queue_dropped + self._send_dropped,
             "queued": len(self._queue),
             "recorded": self._recorded,
+            "snapshots": self._gate.served,
+            "snapshots_refused": self._gate.refused,
+            "bad_requests": self._gate.bad,
         }
 
     def count_drop(self) -> None:
@@ -277,17 +296,27 @@ class Publisher:
             self._router.close()
 
     def _send_until_stopped(self) -> None:
-        """Send what is queued, serve snapshots, beat; after close(), drain until empty or timeout."""
+        """Send what is queued, serve snapshots on their schedule, beat; after close(), drain until
+        empty or timeout."""
         queue = self._queue
-        next_heartbeat = time.monotonic() + self._heartbeat_s
+        now = time.monotonic()
+        next_heartbeat = now + self._heartbeat_s
+        next_serve = now
         timeout_ms = 0
         while True:
-            request_waiting = self._router.poll(timeout_ms, zmq.POLLIN)
+            if now >= next_serve:
+                # Wakes early for a request; under a flood it returns at once, but the socket is
+                # not looked at again before next_serve, so the loop cannot spin on it.
+                request_waiting = bool(self._router.poll(timeout_ms, zmq.POLLIN))
+            else:
+                request_waiting = False
+                self._stop.wait(min(timeout_ms / 1000, next_serve - now))
             # Send what was queued before serving a snapshot, so the snapshot includes it.
             for _ in range(min(len(queue), _BATCH)):
                 self._emit(*queue.popleft())
             if request_waiting:
                 self._serve_snapshots()
+                next_serve = time.monotonic() + snapshot_gate.SERVE_INTERVAL_S
             now = time.monotonic()
             if self._stop.is_set() and (not queue or now >= self._stop_deadline):
                 return
@@ -310,7 +339,7 @@ class Publisher:
                 msg_type, run=self.run, rank=self.rank, host=self.host, ts=ts, seq=self._seq, step=step,
                 **body,
             )
-            frame = encode(message)
+            frame = encode_fitted(message)
         except (TypeError, ValueError) as exc:
             # A bug in the caller (a tensor in the body, a NaN not in wire form): lose this message,
             # say so once per kind of mistake, keep the stream going.
@@ -337,8 +366,10 @@ class Publisher:
         self._emit("heartbeat", self._last_step, time.time(), body)
 
     def _serve_snapshots(self) -> None:
-        """Answer pending snapshot requests with the history (the "clone" pattern, docs/protocol.md)."""
-        for _ in range(_REQUESTS_PER_WAKE):
+        """Answer pending snapshot requests with the history (the "clone" pattern, docs/protocol.md),
+        within the gate's limits (:mod:`publisher.wire.snapshot_gate`)."""
+        gate = self._gate
+        for _ in range(snapshot_gate.FRAMES_PER_SERVE):
             try:
                 frames = self._router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -346,14 +377,20 @@ class Publisher:
             # Everything before the request is the routing envelope (a DEALER's identity, plus an
             # empty delimiter from a REQ client, plus one identity per proxy hop): echo it back.
             envelope, request = frames[:-1], frames[-1]
-            if not envelope or not _is_snapshot_request(request):
-                self._bad_requests += 1
+            if not envelope or not snapshot_gate.is_snapshot_request(request):
+                gate.bad += 1
+                continue
+            now = time.monotonic()
+            if not gate.admit(envelope[0], now):
                 continue
             content = self._history.frames()
+            if not gate.charge(envelope[0], now, sum(map(len, content))):
+                continue
             state = {"seq": self._history.last_seq, "count": len(content)}
             header = encode({"v": PROTOCOL_VERSION, "type": "snapshot", **state})
-            # A viewer that left or stopped reading simply misses its reply (ROUTER drops it).
-            self._router.send_multipart([*envelope, header, *content], zmq.NOBLOCK)
+            # A viewer that left, or does not read, misses its reply (ZeroMQ refuses to queue it).
+            with contextlib.suppress(zmq.ZMQError):
+                self._router.send_multipart([*envelope, header, *content], zmq.NOBLOCK)
 
     def _recording_failed(self, recorder: Recorder, exc: OSError) -> None:
         """A failing disk ends the recording, not the run: the live stream carries on."""

@@ -68,7 +68,15 @@ def _open(args: argparse.Namespace) -> KnowledgeBase:
 
 
 def _text(value: str) -> str:
-    return sys.stdin.read() if value == "-" else value
+    """``value``, or standard input for ``-`` (which must be UTF-8 text)."""
+    if value != "-":
+        return value
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        from tuimon.errors import UserError
+
+        raise UserError(f"standard input is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
 
 
 def _filter(args: argparse.Namespace) -> IncidentFilter:

@@ -10,6 +10,7 @@ unique UUID prefix.
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -373,14 +374,18 @@ class KnowledgeBase:
         for path in _markdown_files(paths):
             try:
                 parsed = parse_file(path)
+                with self._lock:
+                    outcome = incidents.merge(self._db, parsed.incident, parsed.entries, parsed.context)
             except ParseError as exc:
                 report.problems.append(FileProblem(path, exc.line, str(exc)))
                 continue
             except OSError as exc:
                 report.problems.append(FileProblem(path, 1, f"cannot read: {exc.strerror}"))
                 continue
-            with self._lock:
-                outcome = incidents.merge(self._db, parsed.incident, parsed.entries, parsed.context)
+            except (UserError, ValueError, OverflowError, RecursionError, sqlite3.Error) as exc:
+                # Each file stands alone: whatever one holds, the others are still imported.
+                report.problems.append(FileProblem(path, 1, f"not imported: {exc}"))
+                continue
             report.imported.append((path, outcome))
         return report
 

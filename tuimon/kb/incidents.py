@@ -124,6 +124,8 @@ def resolve(db: sqlite_utils.Database, ref: str | int) -> int:
     prefixes is all digits).
     """
     number = ref if isinstance(ref, int) else model.number_ref(str(ref))
+    if number is not None and not 0 < number <= model.MAX_INT:
+        raise UserError(f"no incident #{str(number)[:24]} in this knowledge base")
     if number is not None:
         if db.execute("SELECT 1 FROM incidents WHERE number = ?", [number]).fetchone() is not None:
             return number
@@ -268,6 +270,8 @@ def add_entry(
         outcome = model.choice(outcome or "unknown", model.OUTCOMES, "outcome")
     elif outcome is not None or step is not None:
         raise UserError("only a 'tried' entry has an outcome and a step")
+    if step is not None:
+        step = model.whole_number(step, "the step")
     text = model.body_text(text)
     if not text and entry_type in ("note", "tried", "result"):
         raise UserError(f"a {entry_type} entry needs some text")

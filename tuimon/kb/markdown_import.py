@@ -72,16 +72,19 @@ def _json(token: Token) -> dict[str, Any]:
     except ValueError as exc:
         line = getattr(exc, "lineno", 1)
         raise ParseError(line_of(token) + line, f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ParseError(line_of(token), "the JSON block is nested too deep") from None
     if not isinstance(data, dict):
         raise ParseError(line_of(token), "the JSON block must hold an object")
-    return data
+    return _checked(line_of(token), lambda: model.evidence(data, "the JSON block"))
 
 
 def _int(text: str) -> int:
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
+        raise ValueError(f"{text[:40]!r} is not a whole number") from None
+    return model.whole_number(number, "a number")
 
 
 def _uuid(text: str) -> str:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from publisher.wire.protocol import SEVERITIES
+from publisher.wire.validation import MAX_INT, ProtocolError, check_free_form
 from tuimon.errors import UserError
 
 STATUSES = ("open", "investigating", "mitigated", "resolved")
@@ -235,11 +236,15 @@ def labels(values: Iterable[str], what: str) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def whole_number(value: int, what: str) -> int:
+    """A step, rank or count as the knowledge base stores it: 0 to 2^63-1 (what SQLite holds)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
+        raise UserError(f"{what} must be a whole number from 0 to 2^63-1, not {str(value)[:40]}")
+    return value
+
+
 def ranks(values: Iterable[int]) -> tuple[int, ...]:
-    out = sorted({int(value) for value in values})
-    if any(rank < 0 for rank in out):
-        raise UserError("ranks are non-negative integers")
-    return tuple(out)
+    return tuple(sorted({whole_number(int(value), "a rank") for value in values}))
 
 
 def step_range(first: int | None, last: int | None) -> tuple[int | None, int | None]:
@@ -247,6 +252,9 @@ def step_range(first: int | None, last: int | None) -> tuple[int | None, int | N
         return None, None
     first = last if first is None else first
     last = first if last is None else last
+    assert first is not None and last is not None
+    whole_number(first, "a step")
+    whole_number(last, "a step")
     if first > last:
         raise UserError(f"step range {first}-{last} ends before it starts")
     return first, last
@@ -268,6 +276,17 @@ def number_ref(ref: str) -> int | None:
     """The number in ``12`` or ``#12``; None when ``ref`` is not a number (then it is a UUID)."""
     match = _NUMBER_REF.fullmatch(ref.strip())
     return int(match.group(1)) if match else None
+
+
+def evidence(data: Any, what: str) -> Any:
+    """Captured data (a context record, an entry's data) within the wire protocol's bounds for
+    free-form objects: nesting, size, string lengths. Deeper or larger data is refused here, on
+    the way in, so that every later show and export can read it back."""
+    try:
+        check_free_form(data, what)
+    except ProtocolError as exc:
+        raise UserError(str(exc)) from None
+    return data
 
 
 def dumps(data: Any) -> str:

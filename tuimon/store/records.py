@@ -73,6 +73,8 @@ class RunView:
     run_start: Mapping[str, Any] | None
     gaps: int
     dropped: int
+    #: Distinct metric names this viewer did not keep (over its bounds), as far as remembered.
+    metrics_left_out: int = 0
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,19 @@ from __future__ import annotations
 import bisect
 from array import array
 
-#: Points kept per metric series (at least this many; up to twice as many between trims).
+#: Points kept per metric series at most (at least this many, up to twice as many between trims).
 SERIES_CAPACITY = 120_000
+#: Points the store keeps in all its series together; each series keeps its share
+#: (:func:`share_of_points`), so however many series a peer makes, memory stays bounded.
+TOTAL_POINTS = 8_000_000
+#: A series keeps at least this many points, however many series share the total.
+MIN_POINTS = 1_000
+
+
+def share_of_points(series_count: int) -> int:
+    """The capacity of each of ``series_count`` series: an equal share of :data:`TOTAL_POINTS`,
+    between :data:`MIN_POINTS` and :data:`SERIES_CAPACITY`."""
+    return max(MIN_POINTS, min(SERIES_CAPACITY, TOTAL_POINTS // max(1, series_count)))
 
 
 class Series:
@@ -32,8 +43,9 @@ class Series:
         self.steps.append(step)
         self.values.append(value)
         if len(self.steps) >= 2 * self.capacity:
-            del self.steps[: self.capacity]
-            del self.values[: self.capacity]
+            cut = len(self.steps) - self.capacity  # the capacity may have shrunk since the last cut
+            del self.steps[:cut]
+            del self.values[:cut]
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -52,3 +64,30 @@ class Series:
         lo = bisect.bisect_left(self.steps, first_step)
         hi = bisect.bisect_right(self.steps, last_step)
         return self.steps[lo:hi].tolist(), self.values[lo:hi].tolist()
+
+
+class Ring:
+    """The last ``size`` values of a signal in a float32 ring (a GPU's recent history): 4 bytes a
+    value where a deque of Python floats costs 32, so thousands of GPUs stay cheap to keep."""
+
+    __slots__ = ("_full", "_next", "_values")
+
+    def __init__(self, size: int) -> None:
+        self._values = array("f", bytes(4 * size))
+        self._next = 0
+        self._full = False
+
+    def append(self, value: float) -> None:
+        self._values[self._next] = value
+        self._next += 1
+        if self._next == len(self._values):
+            self._next, self._full = 0, True
+
+    def __len__(self) -> int:
+        return len(self._values) if self._full else self._next
+
+    def tolist(self) -> list[float]:
+        """The values, oldest first."""
+        if not self._full:
+            return self._values[: self._next].tolist()
+        return self._values[self._next:].tolist() + self._values[: self._next].tolist()

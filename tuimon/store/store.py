@@ -15,14 +15,14 @@ import math
 import threading
 import time
 from array import array
-from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from publisher.wire.protocol import ProtocolError, read_number
 from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
-from tuimon.store.series import Series
+from tuimon.store.series import Ring, Series, share_of_points
 
 #: A run whose senders have been silent this long is shown as stale (heartbeats come every 1 s).
 STALE_AFTER_S = 3.0
@@ -30,6 +30,19 @@ STALE_AFTER_S = 3.0
 GPU_HISTORY = 300
 #: Events kept per run; the oldest go first (detectors fold repeats, so this is rarely reached).
 MAX_EVENTS = 10_000
+#: What one store keeps at most, whatever peers send (messages beyond are counted, not kept):
+#: runs, ranks and GPUs of a run, metric names of a run, series in all (with the points budget
+#: of :mod:`tuimon.store.series`, memory stays bounded under any input).
+MAX_RUNS = 64
+MAX_RANKS = 16_384
+MAX_DEVICES = 8_192
+MAX_METRIC_NAMES = 256
+MAX_INVARIANTS = 256
+MAX_SERIES = 8_192
+#: Distinct names remembered to count what was left out (beyond, the count says "at least").
+_LEFT_OUT_MEMORY = 10_000
+#: Values applied per hold of the lock (a few milliseconds of work): the UI's readers wait no longer.
+_CHUNK_VALUES = 5_000
 #: Preferred throughput metrics, best first.
 THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s")
 #: Sections of a run that have their own version counter.
@@ -59,8 +72,8 @@ class _Device:
     index: int
     latest: Mapping[str, Any]
     ts: float
-    history: dict[str, deque[float]] = field(
-        default_factory=lambda: {name: deque(maxlen=GPU_HISTORY) for name in ("util", "mem", "temp", "power")}
+    history: dict[str, Ring] = field(
+        default_factory=lambda: {name: Ring(GPU_HISTORY) for name in ("util", "mem", "temp", "power")}
     )
 
 
@@ -71,12 +84,15 @@ class _Run:
     run_start: Mapping[str, Any] | None = None
     started_ts: float | None = None
     series: dict[tuple[int, str], Series] = field(default_factory=dict)
-    metric_names: list[str] = field(default_factory=list)
+    metric_names: list[str] = field(default_factory=list)  # in the order they first appeared
+    known_names: set[str] = field(default_factory=set)  # the same, for membership tests
     devices: dict[tuple[int, int], _Device] = field(default_factory=dict)
     gpu_simulated: bool = False
     events: OrderedDict[str, EventRecord] = field(default_factory=OrderedDict)
     invariants: dict[str, InvariantRecord] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SECTIONS, 0))
+    #: Metric names not kept (over :data:`MAX_METRIC_NAMES`, or no room for more series).
+    names_left_out: set[str] = field(default_factory=set)
 
 
 def _number(value: Any) -> float:
@@ -112,6 +128,8 @@ class Store:
         self._last_malformed: str | None = None
         self._source = SourceStatus()
         self._notices: dict[str, tuple[str, float | None]] = {}
+        self._all_series: list[Series] = []  # every series of every run: they share the points budget
+        self._runs_left_out: set[str] = set()
         changed = self._next()
         self._counters_version = self._source_version = self._notices_version = changed
 
@@ -144,11 +162,11 @@ class Store:
         dropped before decoding (malformed) still count as received.
         """
         malformed = list(malformed)
+        applied = 0
+        for chunk in _chunks(messages):  # the lock is let go between chunks: readers never wait long
+            with self._lock:
+                applied += self._apply_each(chunk, live=True)
         with self._lock:
-            applied = 0
-            for message in messages:
-                self._apply(message, live=True)
-                applied += 1
             self._received += (applied + len(malformed)) if received is None else received
             for error in malformed:
                 self._count_malformed(error)
@@ -171,13 +189,12 @@ class Store:
         were counted as received when they arrived, the snapshot's frames are counted here.
         """
         with self._lock:
-            count = 0
-            for message in messages:
-                self._apply(message, live=False)
-                count += 1
-            self._rank(self._run(run), rank, host="").last_seq = seq
-            for message in then:
-                self._apply(message, live=True)
+            count = self._apply_each(messages, live=False)
+            known = self._run(run)
+            state = self._rank(known, rank, host="") if known is not None else None
+            if state is not None:
+                state.last_seq = seq
+            self._apply_each(then, live=True)
             malformed = list(malformed)
             for error in malformed:
                 self._count_malformed(error)
@@ -200,39 +217,68 @@ class Store:
     def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
         """Show (or clear, with None) a line on the dashboard, e.g. "nothing heard from ..."."""
         with self._lock:
-            old = self._notices.get(key)
-            if text is None:
-                if old is None:
-                    return
-                del self._notices[key]
-            else:
-                expires = time.monotonic() + ttl_s if ttl_s is not None else None
-                if old is not None and old[0] == text and expires is None:
-                    return
-                self._notices[key] = (text, expires)
-            self._notices_version = self._next()
+            self._set_notice(key, text, ttl_s)
+
+    def _set_notice(self, key: str, text: str | None, ttl_s: float | None) -> None:
+        old = self._notices.get(key)
+        if text is None:
+            if old is None:
+                return
+            del self._notices[key]
+        else:
+            expires = time.monotonic() + ttl_s if ttl_s is not None else None
+            if old is not None and old[0] == text and expires is None:
+                return
+            self._notices[key] = (text, expires)
+        self._notices_version = self._next()
 
     def _count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
         self._malformed[error.reason] += 1
         self._last_malformed = f"{error} ({where})" if where else str(error)
 
-    def _run(self, name: str) -> _Run:
+    def _run(self, name: str) -> _Run | None:
+        """The run's state; None for a new run beyond :data:`MAX_RUNS` (its messages are skipped)."""
         run = self._runs.get(name)
         if run is None:
+            if len(self._runs) >= MAX_RUNS:
+                if len(self._runs_left_out) < _LEFT_OUT_MEMORY:
+                    self._runs_left_out.add(name)
+                self._set_notice(
+                    "runs-left-out",
+                    f"{_count(self._runs_left_out)} more runs not shown: this viewer keeps {MAX_RUNS}",
+                    None,
+                )
+                return None
             run = self._runs[name] = _Run(name)
         return run
 
-    def _rank(self, run: _Run, rank: int, host: str) -> _Rank:
+    def _rank(self, run: _Run, rank: int, host: str) -> _Rank | None:
+        """The rank's state; None for a new rank beyond :data:`MAX_RANKS` of its run."""
         state = run.ranks.get(rank)
         if state is None:
+            if len(run.ranks) >= MAX_RANKS:
+                return None
             state = run.ranks[rank] = _Rank(rank, host)
             self._bump(run, "run")
         return state
 
+    def _apply_each(self, messages: Iterable[Mapping[str, Any]], *, live: bool) -> int:
+        """Apply messages in order; one that breaks the store is counted as malformed, alone."""
+        count = 0
+        for message in messages:
+            count += 1
+            try:
+                self._apply(message, live=live)
+            except Exception as exc:  # decode() let it through: a bug here must not lose the batch
+                self._count_malformed(ProtocolError(f"{message.get('type')}: {exc!r}", "viewer error"))
+        return count
+
     def _apply(self, message: Mapping[str, Any], *, live: bool) -> None:
         """Book-keep the sender (sequence gaps, last heard), then hand the message to its type's handler."""
         run = self._run(message["run"])
-        state = self._rank(run, message["rank"], message["host"])
+        state = self._rank(run, message["rank"], message["host"]) if run is not None else None
+        if run is None or state is None:
+            return
         seq = message["seq"]
         if live and state.last_seq is not None:
             missed = seq - state.last_seq - 1
@@ -255,13 +301,33 @@ class Store:
         for name, value in message["metrics"].items():
             series = run.series.get((state.rank, name))
             if series is None:
-                series = run.series[(state.rank, name)] = Series()
-                if name not in run.metric_names:
-                    run.metric_names.append(name)
+                series = self._new_series(run, state.rank, name)
+                if series is None:
+                    continue
             series.append(step, _number(value))
         self._bump(run, "metrics")
         state.step, state.step_ts = step, message["ts"]
         self._bump(run, "run")
+
+    def _new_series(self, run: _Run, rank: int, name: str) -> Series | None:
+        """A series for a metric seen for the first time on this rank, within the store's bounds:
+        at most :data:`MAX_METRIC_NAMES` names a run, :data:`MAX_SERIES` series in all, which
+        share the points budget (:func:`~tuimon.store.series.share_of_points`)."""
+        known = name in run.known_names
+        if (not known and len(run.metric_names) >= MAX_METRIC_NAMES) or len(self._all_series) >= MAX_SERIES:
+            if name not in run.names_left_out and len(run.names_left_out) < _LEFT_OUT_MEMORY:
+                run.names_left_out.add(name)
+                self._bump(run, "run")
+            return None
+        if not known:
+            run.metric_names.append(name)
+            run.known_names.add(name)
+        series = run.series[(rank, name)] = Series(share_of_points(len(self._all_series) + 1))
+        self._all_series.append(series)
+        if series.capacity < self._all_series[0].capacity:
+            for other in self._all_series:  # everyone's share just shrank
+                other.capacity = series.capacity
+        return series
 
     def _on_heartbeat(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
         stats = message.get("stats")
@@ -280,10 +346,12 @@ class Store:
             key = (rank, device["index"])
             known = run.devices.get(key)
             if known is None:
+                if len(run.devices) >= MAX_DEVICES:
+                    continue
                 known = run.devices[key] = _Device(rank, device["index"], device, ts)
             known.latest, known.ts = device, ts
-            used, total = device.get("mem_used"), device.get("mem_total")
-            memory = 100.0 * used / total if isinstance(used, int | float) and total else math.nan
+            used, total = _number(device.get("mem_used")), _number(device.get("mem_total"))
+            memory = 100.0 * used / total if total > 0 else math.nan  # NaN stays NaN through both
             history = known.history
             history["util"].append(_number(device.get("util")))
             history["mem"].append(memory)
@@ -315,6 +383,8 @@ class Store:
 
     def _on_invariant(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
         name = message["name"]
+        if name not in run.invariants and len(run.invariants) >= MAX_INVARIANTS:
+            return
         details = message.get("details")
         run.invariants[name] = InvariantRecord(
             name=name,
@@ -419,6 +489,7 @@ class Store:
             run_start=run.run_start,
             gaps=sum(r.gaps for r in ranks.values()),
             dropped=sum(_int(r.stats.get("dropped")) for r in ranks.values()),
+            metrics_left_out=len(run.names_left_out),
         )
 
     def metric_names(self, run: str) -> list[str]:
@@ -471,10 +542,7 @@ class Store:
             state = self._runs.get(run)
             if state is None:
                 return []
-            return [
-                DeviceView(d.rank, d.index, dict(d.latest), {k: list(v) for k, v in d.history.items()}, d.ts)
-                for _, d in sorted(state.devices.items())
-            ]
+            return [_device_view(device) for _, device in sorted(state.devices.items())]
 
     def events(self, run: str) -> list[EventRecord]:
         """Events in the order their episodes began (records are immutable: no copy needed)."""
@@ -521,3 +589,29 @@ class Store:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _chunks(messages: Iterable[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:
+    """Messages in chunks of about :data:`_CHUNK_VALUES` values each (a metrics message with 500
+    names is as much work as 500 with one), so that applying a batch holds the lock briefly."""
+    chunk: list[Mapping[str, Any]] = []
+    work = 0
+    for message in messages:
+        chunk.append(message)
+        body = message.get("metrics") or message.get("devices") or ()
+        work += 1 + len(body)
+        if work >= _CHUNK_VALUES:
+            yield chunk
+            chunk, work = [], 0
+    if chunk:
+        yield chunk
+
+
+def _device_view(device: _Device) -> DeviceView:
+    history = {name: ring.tolist() for name, ring in device.history.items()}
+    return DeviceView(device.rank, device.index, dict(device.latest), history, device.ts)
+
+
+def _count(names: set[str]) -> str:
+    """How many names were left out, as far as they were remembered."""
+    return f"{len(names):,}+" if len(names) >= _LEFT_OUT_MEMORY else f"{len(names):,}"

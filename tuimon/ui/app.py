@@ -194,7 +194,7 @@ class TuimonApp(App[None]):
             self.kb_link.offer_seen_before(run, events)
         chart = self.query_one(MetricChart)
         if self._changed("metric-names", versions["metrics"]):
-            chart.set_names(store.metric_names(run))
+            chart.set_names(store.metric_names(run), left_out=view.metrics_left_out if view else 0)
 
     def refresh_chart(self) -> None:
         """The selected metric's chart, when the dashboard is the visible screen."""

@@ -48,8 +48,8 @@ def number(value: float | None, digits: int = 4) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """h:mm:ss (or m:ss under an hour)."""
-    if seconds is None or math.isnan(seconds):
+    """h:mm:ss (or m:ss under an hour); "—" when unknown or not finite."""
+    if seconds is None or not math.isfinite(seconds):
         return "—"
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -75,8 +75,8 @@ def spark(values: list[float], low: float, high: float, width: int) -> str:
     """A one-line history on a FIXED scale (Textual's Sparkline rescales to its data's own min
     and max, which makes a steady 97-99 % utilisation look like wild swings). The newest samples
     fill the right end; older ones are bucketed by their maximum so a short spike stays visible."""
-    values = [v for v in values if not math.isnan(v)]
-    if not values or width <= 0:
+    values = [v for v in values if math.isfinite(v)]
+    if not values or width <= 0 or not (math.isfinite(low) and math.isfinite(high)):
         return " " * max(width, 0)
     per_cell = max(1, math.ceil(len(values) / width))
     ends = range(len(values), 0, -per_cell)

@@ -20,6 +20,8 @@ from textual_plotext import PlotextPlot
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
 from tuimon.ui.format import number
 
+#: Tabs shown at most (a tab strip of hundreds is unreadable, and each tab costs the screen).
+MAX_TABS = 24
 #: Metrics shown first, in this order; others follow in the order they appeared.
 PREFERRED_METRICS = ("loss", "lr", "grad_norm", *THROUGHPUT_METRICS, "step_time", "data_time")
 #: Theme variable for an event marker of each severity (the theme decides the actual colours,
@@ -110,18 +112,35 @@ class MetricChart(Vertical):
         None before the first drawing: tells when the chart has caught up with the store."""
         return self._drawn[1] if self._drawn is not None else None
 
-    def set_names(self, names: list[str]) -> None:
-        """Add a tab for each newly seen metric (tabs are never removed while a run is shown)."""
+    def set_names(self, names: list[str], *, left_out: int = 0) -> None:
+        """Tabs for the first :data:`MAX_TABS` metrics (standard ones first), updated in place;
+        the others are charted with ``c`` and listed in the command palette, and the border says
+        how many there are, with ``left_out`` names the viewer did not keep at all."""
         ordered = order_metrics(names)
+        beyond = max(0, len(ordered) - MAX_TABS)
+        notes = []
+        if beyond:
+            notes.append(f"+{beyond:,} more: c")
+        if left_out:
+            notes.append(f"{left_out:,} not kept")
+        self.border_title = "Metrics  " + ", ".join(notes) if notes else "Metrics"
         if ordered == self._names:
             return
-        tabs = self.query_one(Tabs)
-        tabs.clear()
-        self._tab_serial += 1
-        self._tab_ids = {f"metric-{self._tab_serial}-{i}": name for i, name in enumerate(ordered)}
-        for tab_id, name in self._tab_ids.items():
-            tabs.add_tab(Tab(name, id=tab_id))
         self._names = ordered
+        shown = ordered[:MAX_TABS]
+        tabs = self.query_one(Tabs)
+        tab_of = {name: tab_id for tab_id, name in self._tab_ids.items()}
+        for name in [name for name in tab_of if name not in shown]:  # pushed out, or a reset
+            tabs.remove_tab(tab_of.pop(name))
+        for position, name in enumerate(shown):
+            if name in tab_of:
+                continue
+            self._tab_serial += 1
+            tab_id = f"metric-{self._tab_serial}"
+            following = next((tab_of[later] for later in shown[position + 1:] if later in tab_of), None)
+            tabs.add_tab(Tab(name, id=tab_id), before=following)
+            tab_of[name] = tab_id
+        self._tab_ids = {tab_id: name for name, tab_id in tab_of.items()}
         self._activate_tab()
 
     def _activate_tab(self) -> None:

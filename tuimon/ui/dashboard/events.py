@@ -11,6 +11,9 @@ from tuimon.store import EventRecord
 from tuimon.ui.dashboard.table import RowTable
 from tuimon.ui.format import severity
 
+#: Rows the log keeps: the latest episodes (the store keeps more; detectors fold repeats, so this
+#: is reached only in a flood). Removing a row costs the DataTable a pass over all of them.
+MAX_ROWS = 500
 # (key, label, width)
 _COLUMNS = (
     ("severity", "sev", 6),
@@ -57,8 +60,10 @@ class EventLog(RowTable):
         return key.value
 
     def show(self, records: list[EventRecord]) -> None:
+        """Add new episodes, update repeated ones in place; keep the latest :data:`MAX_ROWS`."""
         following = self.cursor_row >= self.row_count - 1
-        for record in records:
+        latest = records[-MAX_ROWS:]
+        for record in latest:
             old = self._shown.get(record.id)
             if old is None:
                 self.add_row(
@@ -71,10 +76,17 @@ class EventLog(RowTable):
                 )
             elif old != record:
                 self.update_cell(record.id, "count", f"×{record.count}")
-                self.update_cell(record.id, "message", record.message)
+                self.update_cell(record.id, "message", record.message, update_width=True)
                 self.update_cell(record.id, "severity", severity(record.severity))
             self._shown[record.id] = record
+        for old_id in list(self._shown)[: max(0, len(self._shown) - MAX_ROWS)]:  # the oldest go
+            del self._shown[old_id]
+            self.remove_row(old_id)
         if following and self.row_count:
             self.move_cursor(row=self.row_count - 1)
         critical = sum(r.severity == "critical" for r in records)
-        self.border_title = f"Events ({len(records)}, {critical} critical)" if records else "Events"
+        title = f"Events ({len(records):,}, {critical:,} critical)" if records else "Events"
+        if len(records) > len(self._shown):
+            title += f"  latest {len(self._shown):,} shown"
+        self.border_title = title
+        self.rows_changed()

@@ -16,6 +16,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
+from publisher.wire.protocol import read_number
 from tuimon.store import DeviceView
 from tuimon.ui.format import bar, spark
 
@@ -29,8 +30,14 @@ _SPARK = 24
 
 
 def _value(device: Mapping[str, Any], key: str) -> float | None:
+    """A device's reading as a float: finite, or the protocol's "nan"/"inf" markers read; None when
+    the device does not report it."""
     value = device.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return read_number(value) if value in ("nan", "inf", "-inf") else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def find_outliers(devices: list[DeviceView]) -> dict[tuple[int, int], str]:
@@ -102,7 +109,7 @@ def _metric_lines(device: DeviceView) -> list[Content]:
     used, total = _value(latest, "mem_used"), _value(latest, "mem_total")
     temp = _value(latest, "temp_c")
     power, limit = _value(latest, "power_w"), _value(latest, "power_limit_w")
-    max_power = limit or max([p for p in history["power"] if not math.isnan(p)] or [1.0])
+    max_power = limit or max([p for p in history["power"] if math.isfinite(p)] or [1.0])
     memory = f"{used / _GIB:.1f}/{total / _GIB:.0f} GiB" if used is not None and total else "—"
     watts = "—" if power is None else (f"{power:.0f}/{limit:.0f} W" if limit else f"{power:.0f} W")
     return [
@@ -130,6 +137,10 @@ class GpuCard(Static):
         border-left: thick $error;
     }
     """
+
+
+#: Cards shown at most: a node's GPUs (8 or 16) fit; a whole job's belong in a job view.
+MAX_CARDS = 16
 
 
 class GpuPanel(VerticalScroll):
@@ -171,7 +182,12 @@ class GpuPanel(VerticalScroll):
         self.border_subtitle = ""
 
     def show(self, devices: list[DeviceView], simulated: bool) -> None:
+        """Cards for the first :data:`MAX_CARDS` devices; the others are counted in the border,
+        with how many of them stand out (outliers are found among all devices)."""
         self.border_title = "GPUs  SIMULATED" if simulated else "GPUs"
+        outliers = find_outliers(devices)
+        hidden = devices[MAX_CARDS:]
+        devices = devices[:MAX_CARDS]
         wanted = {f"gpu-{d.rank}-{d.index}" for d in devices}
         cards = {}
         for card in self.query(GpuCard):
@@ -179,11 +195,14 @@ class GpuPanel(VerticalScroll):
                 cards[card.id] = card
             else:
                 card.remove()
-        outliers = find_outliers(devices)
         show_rank = len({d.rank for d in devices}) > 1
         names = {_name(d) for d in devices}
         show_name = len(names) > 1
-        self.border_subtitle = f"{len(devices)} × {names.pop()}" if devices and not show_name else ""
+        subtitle = f"{len(devices)} × {names.pop()}" if devices and not show_name else ""
+        if hidden:
+            flagged = sum((d.rank, d.index) in outliers or bool(d.latest.get("throttle")) for d in hidden)
+            subtitle = f"{subtitle}  +{len(hidden)} more GPUs" + (f", {flagged} flagged" if flagged else "")
+        self.border_subtitle = subtitle
         new_cards = []
         for device in devices:
             card_id = f"gpu-{device.rank}-{device.index}"

@@ -64,10 +64,11 @@ class InvariantTable(RowTable):
                 self.add_row(*cells.values(), key=record.name)
             elif old != record:
                 for column, value in cells.items():
-                    self.update_cell(record.name, column, value)
+                    self.update_cell(record.name, column, value, update_width=True)
             self._shown[record.name] = record
         violated = sum(r.status == "violated" for r in records)
         if violated:
             self.border_title = f"Invariants  ✖ {violated} VIOLATED"
         else:
             self.border_title = "Invariants" if records else "Invariants (none reported yet)"
+        self.rows_changed()

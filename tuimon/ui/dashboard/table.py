@@ -26,3 +26,12 @@ class RowTable(DataTable, inherit_bindings=False):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+
+    def rows_changed(self) -> None:
+        """Call after adding or updating rows from outside the table (the app's timers).
+
+        A DataTable measures its auto-width columns when its own message queue goes idle; rows
+        added from elsewhere leave that queue empty and untouched, and the columns kept the
+        header's width until the next key press (seen as messages cut to a few characters).
+        """
+        self.check_idle()

@@ -74,6 +74,10 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+#: Events remembered as offered before the ones no longer shown are forgotten.
+_OFFERED_MEMORY = 20_000
+
+
 class KbLink:
     """One app's connection to the knowledge base ``kb_dir`` (None: ``$TUIMON_KB``, config, default).
 
@@ -129,9 +133,14 @@ class KbLink:
         Called on every redraw of the event log: only events not offered before cost anything,
         and the query runs in a thread worker (answers are cached per kind until the next change).
         """
+        events = list(events)
         fresh = [event for event in events if (run, event.id) not in self._offered]
         if not fresh or self._app is None:
             return
+        if len(self._offered) > _OFFERED_MEMORY:
+            # Forget events the store no longer holds (a flood of events): they cannot come back.
+            held = {(run, event.id) for event in events}
+            self._offered = {key for key in self._offered if key[0] != run or key in held}
         self._offered.update((run, event.id) for event in fresh)
         kinds = list(dict.fromkeys(event.kind for event in fresh))
         self._app.run_worker(

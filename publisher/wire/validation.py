@@ -1,0 +1,276 @@
+"""The protocol's shapes and bounds, checked for every message when it is decoded, in this one place.
+
+A viewer, a relay or a recording reader trusts nothing it receives: any user of the node can
+connect to a publisher's port or a viewer's, and a recording can be edited by hand. Everything a
+reader relies on is checked here, once, before the message reaches a store or a widget: the
+type of every known field, numbers finite or written as the protocol's ``"nan"``/``"inf"``
+markers, integers within 64 bits, strings and collections within bounds, free-form objects
+(configs, event details) within a nesting depth and a size. A message that breaks a rule raises
+:class:`~publisher.wire.protocol.ProtocolError` with a reason (counted on the viewer's status
+line) and a message naming the field; the reader skips that message alone.
+
+The bounds are far above what a real run sends (the largest legitimate message, a ``gpu``
+message of a big node or an event with rich details, is a few kilobytes) and low enough that
+nothing a peer sends can make the viewer's memory grow or its screen stall. The publisher makes
+users' values fit them on the way in (:mod:`publisher.wire.jsonsafe`), so a run's own messages
+are never refused. Unknown fields are not checked (readers ignore them: the protocol can grow);
+the frame's size cap (:data:`~publisher.wire.protocol.MAX_MESSAGE_BYTES`) bounds them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+#: Characters in a name: run, host, metric, event kind and id, invariant, GPU name.
+MAX_NAME_CHARS = 256
+#: Characters in a free text: an event's message, an error, a string inside details or a config.
+MAX_TEXT_CHARS = 16_384
+#: Nesting of free-form objects (config, details, repro, layers): deeper is refused.
+MAX_DEPTH = 20
+#: Values (leaves and containers) in one free-form object.
+MAX_NODES = 20_000
+#: Metric names in one ``metrics`` message.
+MAX_METRICS = 1_024
+#: Devices in one ``gpu`` message.
+MAX_DEVICES = 256
+#: Items in a list field (argv, a device's throttle reasons).
+MAX_LIST_ITEMS = 4_096
+#: The largest integer a counter or step may hold (signed 64 bits: what every reader can store).
+MAX_INT = 2**63 - 1
+#: Bytes of one frame, by message type. What a viewer keeps of each type (10,000 events a run,
+#: the latest run_start) is bounded by these: events and invariants are read by people (a few
+#: kilobytes in practice), a ``metrics`` message may carry a per-layer sample (about 50 KB for
+#: 256 parameters), ``run_start`` a large config. The publisher makes its own messages fit
+#: (:meth:`~publisher.wire.transport.Publisher.publish`).
+MAX_FRAME_BYTES = {
+    "metrics": 256 * 1024,
+    "gpu": 256 * 1024,
+    "event": 16 * 1024,
+    "invariant": 16 * 1024,
+    "heartbeat": 16 * 1024,
+    "run_end": 16 * 1024,
+    "run_start": 1024 * 1024,
+}
+
+#: Why a message was refused, as the viewer's status line counts them.
+REASONS = (
+    "oversized", "not JSON", "not an object", "wrong version", "unknown type", "invalid field",
+    "out of range", "too large", "too deep",
+)
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid tuimon protocol: readers count it (by ``reason``, one of
+    :data:`REASONS`) and skip it."""
+
+    def __init__(self, message: str, reason: str = "invalid field") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+_MARKERS = frozenset({"nan", "inf", "-inf"})
+#: GPU fields that are numbers (or null, when a device does not report them).
+_GPU_NUMBERS = (
+    "util", "mem_used", "mem_total", "temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "ecc_errors",
+)
+
+
+def _error(message: str, reason: str = "invalid field") -> ProtocolError:
+    return ProtocolError(message, reason)
+
+
+# -- field checks ---------------------------------------------------------------------------------
+
+
+def _integer(message: Mapping[str, Any], field: str, *, low: int = 0, required: bool = True) -> None:
+    value = message.get(field)
+    if value is None and not required and field not in message:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _error(f"field {field!r} missing or not an integer")
+    if not low <= value <= MAX_INT:
+        raise _error(f"field {field!r} = {value} is outside {low}..2^63-1", "out of range")
+
+
+def _string(message: Mapping[str, Any], field: str, limit: int, *, required: bool = True) -> None:
+    value = message.get(field)
+    if value is None and not required:
+        return
+    if not isinstance(value, str):
+        raise _error(f"field {field!r} missing or not a string")
+    if len(value) > limit:
+        raise _error(f"field {field!r} has {len(value):,} characters, more than {limit:,}", "too large")
+
+
+def check_number(value: Any, what: str) -> None:
+    """A number as the protocol writes it: finite, a non-finite marker, or null."""
+    if value is None or (isinstance(value, float) and math.isfinite(value)):
+        return
+    if isinstance(value, int) and not isinstance(value, bool):
+        return  # orjson reads integers only within 64 bits: all of them fit a float
+    if isinstance(value, str) and value in _MARKERS:
+        return
+    raise _error(f"{what}: expected a number or 'nan'/'inf'/'-inf', got {_short(value)}")
+
+
+def _choice(message: Mapping[str, Any], field: str, allowed: tuple[str, ...]) -> None:
+    value = message.get(field)
+    if not isinstance(value, str) or value not in allowed:
+        raise _error(f"field {field!r} must be one of {', '.join(allowed)}, got {_short(value)}")
+
+
+def check_free_form(value: Any, what: str) -> None:
+    """A user-shaped object (a config, event details): JSON, nested at most :data:`MAX_DEPTH`
+    deep, at most :data:`MAX_NODES` values, strings of at most :data:`MAX_TEXT_CHARS`.
+
+    Iterative, so a deep object costs no recursion; it stops at the first bound exceeded.
+    """
+    nodes = 0
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise _error(f"{what} holds more than {MAX_NODES:,} values", "too large")
+        if isinstance(item, dict):
+            if depth > MAX_DEPTH:
+                raise _error(f"{what} is nested deeper than {MAX_DEPTH} levels", "too deep")
+            for key, child in item.items():
+                if len(key) > MAX_NAME_CHARS:
+                    raise _error(f"{what}: a key of {len(key):,} characters", "too large")
+                pending.append((child, depth + 1))
+        elif isinstance(item, list):
+            if depth > MAX_DEPTH:
+                raise _error(f"{what} is nested deeper than {MAX_DEPTH} levels", "too deep")
+            pending.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str):
+            if len(item) > MAX_TEXT_CHARS:
+                raise _error(f"{what}: a string of {len(item):,} characters", "too large")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise _error(f"{what}: a non-finite number not written as 'nan'/'inf'")
+
+
+def _object(message: Mapping[str, Any], field: str, *, required: bool = False) -> None:
+    value = message.get(field)
+    if value is None and not required:
+        return
+    if not isinstance(value, dict):
+        raise _error(f"field {field!r} missing or not an object")
+    check_free_form(value, f"field {field!r}")
+
+
+# -- per type -------------------------------------------------------------------------------------
+
+
+def _metrics(message: Mapping[str, Any]) -> None:
+    _integer(message, "step")
+    values = message.get("metrics")
+    if not isinstance(values, dict):
+        raise _error("field 'metrics' missing or not an object")
+    if len(values) > MAX_METRICS:
+        raise _error(f"{len(values):,} metrics in one message, more than {MAX_METRICS:,}", "too large")
+    for name, value in values.items():
+        if len(name) > MAX_NAME_CHARS:
+            raise _error(f"a metric name of {len(name):,} characters", "too large")
+        check_number(value, f"metric {name!r}")
+    _object(message, "layers")
+
+
+def _gpu(message: Mapping[str, Any]) -> None:
+    devices = message.get("devices")
+    if not isinstance(devices, list):
+        raise _error("field 'devices' missing or not a list")
+    if len(devices) > MAX_DEVICES:
+        raise _error(f"{len(devices):,} devices in one message, more than {MAX_DEVICES}", "too large")
+    for device in devices:
+        if not isinstance(device, dict):
+            raise _error("each gpu device must be an object")
+        _integer(device, "index")
+        for field in _GPU_NUMBERS:
+            check_number(device.get(field), f"gpu field {field!r}")
+        _string(device, "name", MAX_NAME_CHARS, required=False)
+        _string(device, "uuid", MAX_NAME_CHARS, required=False)
+        throttle = device.get("throttle")
+        if throttle is not None and not (
+            isinstance(throttle, list)
+            and len(throttle) <= 64
+            and all(isinstance(reason, str) and len(reason) <= MAX_NAME_CHARS for reason in throttle)
+        ):
+            raise _error("gpu field 'throttle' must be a short list of reason names")
+
+
+def _event(message: Mapping[str, Any]) -> None:
+    _choice(message, "severity", ("info", "warning", "critical"))
+    _string(message, "kind", MAX_NAME_CHARS)
+    _string(message, "message", MAX_TEXT_CHARS)
+    _string(message, "id", MAX_NAME_CHARS, required=False)
+    _integer(message, "count", required=False)
+    _object(message, "details")
+
+
+def _invariant(message: Mapping[str, Any]) -> None:
+    _string(message, "name", MAX_NAME_CHARS)
+    _choice(message, "status", ("ok", "violated", "unchecked"))
+    _string(message, "message", MAX_TEXT_CHARS, required=False)
+    _object(message, "details")
+
+
+def _heartbeat(message: Mapping[str, Any]) -> None:
+    _string(message, "snapshot", MAX_NAME_CHARS, required=False)
+    _object(message, "stats")
+
+
+def _run_start(message: Mapping[str, Any]) -> None:
+    for field in ("config", "versions", "repro", "model"):
+        _object(message, field)
+    argv = message.get("argv")
+    if argv is not None:
+        if not isinstance(argv, list) or len(argv) > MAX_LIST_ITEMS:
+            raise _error("field 'argv' must be a list of at most 4,096 strings")
+        check_free_form(argv, "field 'argv'")
+    for field in ("cwd", "gpu_source"):
+        _string(message, field, MAX_TEXT_CHARS, required=False)
+    seed = message.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise _error("field 'seed' must be an integer or null")  # any 64-bit value (torch's are unsigned)
+    for field in ("pid", "world_size"):
+        if message.get(field) is not None:
+            _integer(message, field)
+
+
+def _run_end(message: Mapping[str, Any]) -> None:
+    _choice(message, "status", ("completed", "failed", "interrupted"))
+    _string(message, "error", MAX_TEXT_CHARS, required=False)
+
+
+#: Message type -> the checks of its body.
+BODY_CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
+    "metrics": _metrics,
+    "gpu": _gpu,
+    "event": _event,
+    "invariant": _invariant,
+    "heartbeat": _heartbeat,
+    "run_start": _run_start,
+    "run_end": _run_end,
+}
+
+
+def check_message(message: Mapping[str, Any]) -> None:
+    """Every rule for one decoded message whose ``v`` and ``type`` are already known to be good."""
+    _string(message, "run", MAX_NAME_CHARS)
+    _integer(message, "rank")
+    _string(message, "host", MAX_NAME_CHARS)
+    ts = message.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
+        raise _error("field 'ts' missing or not a time in seconds")
+    _integer(message, "seq")
+    if "step" in message:
+        _integer(message, "step", required=message["type"] == "metrics")
+    BODY_CHECKS[message["type"]](message)
+
+
+def _short(value: Any) -> str:
+    """A value as an error message may quote it: its repr, cut short (it may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
