@@ -29,6 +29,8 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/ingest.py
+	$(BIN)/python benchmarks/ingest.py --rates 10000,50000 --traffic hostile
+	$(BIN)/python benchmarks/flood.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -45,7 +45,7 @@ RUN = "bench"
 #: The publisher: binds, prints its endpoint, waits for "go", then sends at the target rate for the
 #: given seconds, a heartbeat every second, and prints "sent dropped" at the end.
 PUBLISHER = r"""
-import os, sys, time, zmq
+import sys, time, zmq
 from publisher.wire.protocol import decode, encode, make_message
 rate, seconds, hostile = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "hostile"
 context = zmq.Context()
@@ -62,7 +62,7 @@ def odd_message(step, ts):
     # What a buggy or hostile peer sends: new metric names every time, new event ids, non-finite
     # GPU readings, nested details, and frames that are not protocol at all.
     envelope = dict(run="bench", rank=0, host="bench", ts=ts, seq=seq)
-    choice = int(os.environ["ODD"]) if os.environ.get("ODD") else (step // 5) % 5
+    choice = (step // 5) % 5
     if choice == 0:
         return encode(make_message("metrics", step=step, **envelope,
                                    metrics={f"m{step}_{i}": float(i) for i in range(200)}))
