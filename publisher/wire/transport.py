@@ -68,6 +68,13 @@ _LINGER_MS = 200
 _QueuedMessage = tuple[str, int | None, float, dict[str, Any]]  # (type, step, ts, body)
 
 
+def _name(what: str, value: str) -> str:
+    """A run or host name readers accept (1 to 256 characters), else a ValueError at start-up."""
+    if not (isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS):
+        raise ValueError(f"{what} must be a name of 1 to {MAX_NAME_CHARS} characters, got {repr(value)[:80]}")
+    return value
+
+
 def _loopback_only(endpoint: str) -> bool:
     """Whether a bound address is reachable from this machine only (ipc, or tcp on loopback)."""
     if not endpoint.startswith("tcp://"):
@@ -116,13 +123,9 @@ class Publisher:
     ) -> None:
         if heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s!r}")
-        for what, value in (("run", run), ("host", host)):
-            if value is not None and not (isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS):
-                shown = repr(value)[:80]
-                raise ValueError(f"{what} must be a name of 1 to {MAX_NAME_CHARS} characters, got {shown}")
-        self.run = run
+        self.run = _name("run", run)
         self.rank = rank
-        self.host = host or socket.gethostname()
+        self.host = _name("host", host or socket.gethostname())
         self._queue: deque[_QueuedMessage] = deque()
         self._queue_max = queue_max
         self._heartbeat_s = heartbeat_s
