@@ -228,84 +228,113 @@ class DataBottleneck(Detector):
 
 
 class MemoryGrowth(Detector):
-    """Host or CUDA memory rising steadily across steps: a leak, or an OOM on its way.
+    """Host or CUDA memory rising in proportion to the steps: a leak, or an OOM on its way.
 
-    Two series, each its own episode: ``host_mem_bytes`` (resident set size) and
-    ``cuda_mem_allocated`` (live tensors). Its baseline is the lowest reading after ``warmup``
-    (20) steps, once allocators and caches have filled. It fires when the reading is at least
-    ``min_bytes`` (64 MiB) and ``min_share`` (5 %; SageMaker's GPU-memory rule: +5 points of the
-    moving average) above that baseline AND rose in at least ``rising`` (75 %) of the last
-    ``window`` (8) readings: a one-off rise (the first evaluation, a bigger batch) stays quiet,
-    a steady climb (a list of losses that keep their graphs) does not.
+    Two series, each its own episode: ``host_mem_bytes`` (this process's resident set size) and
+    ``cuda_mem_allocated`` (live tensors). Memory is news when it grows *with the steps*: a leak
+    (a list of losses that keep their graphs) adds about the same bytes every step for as long
+    as the loop runs. Start-up is not: DataLoader workers starting, batches prefetched, the
+    allocator filling its pools and caches warming all add memory at the beginning and then stop.
+    So a series is judged over its last ``window`` (8) readings (memory is read every 0.1 s by
+    default: about a second), after ``warmup`` (20) steps, and fires when
+
+    - it rose in all but one of them,
+    - by at least ``min_bytes`` (32 MiB) and ``min_share`` (2 %) of where it started, and
+    - the second half of the window grew at least ``keep_pace`` (3/4) as fast per step as the
+      first half: growth that slows down is start-up settling, growth that keeps pace is a leak.
+
+    A leak too slow for one window (say 1 MiB a second) still shows over a longer span: the
+    same test is also applied to the readings since the lowest one after warm-up, once that span
+    holds ``min_bytes`` of growth and ``long_share`` (5 %; SageMaker's GPU-memory rule: +5 points of
+    the moving average) of its start.
     """
 
     SERIES = ("host_mem_bytes", "cuda_mem_allocated")
     quiet_to_close = 10
 
-    def __init__(self, warmup: int = 20, window: int = 8, min_bytes: int = 64 * _MIB,
-                 min_share: float = 0.05, rising: float = 0.75) -> None:
+    def __init__(self, warmup: int = 20, warmup_s: float = 2.0, window: int = 8, min_bytes: int = 32 * _MIB,
+                 min_share: float = 0.02, keep_pace: float = 0.75, long_share: float = 0.05,
+                 history: int = 600) -> None:
+        if window < 4:
+            raise ValueError("MemoryGrowth: window >= 4 readings")
         self.warmup = warmup
+        self.warmup_s = warmup_s
+        self._elapsed = 0.0
         self.window = window
         self.min_bytes = min_bytes
         self.min_share = min_share
-        self.rising = rising
+        self.keep_pace = keep_pace
+        self.long_share = long_share
         self._readings: dict[str, deque[tuple[int, float]]] = {
-            name: deque(maxlen=window + 1) for name in self.SERIES
+            name: deque(maxlen=history) for name in self.SERIES
         }
-        self._baseline: dict[str, tuple[int, float]] = {}
         self._seen = 0
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         self._seen += 1
-        if self._seen <= self.warmup:
+        step_time = metrics.get("step_time")
+        if step_time is not None and math.isfinite(step_time):
+            self._elapsed += step_time
+        if self._seen <= self.warmup or (self._elapsed and self._elapsed < self.warmup_s):
             return ()
         findings = []
         for name in self.SERIES:
             value = metrics.get(name)
-            if value is None:
+            if value is None or not math.isfinite(value):
                 continue
             readings = self._readings[name]
             readings.append((step, value))
-            baseline = self._baseline.get(name)
-            if baseline is None or value < baseline[1]:
-                self._baseline[name] = baseline = (step, value)
-            if len(readings) <= self.window:
+            if len(readings) < self.window:
                 continue
-            growth = value - baseline[1]
-            values = [v for _, v in readings]
-            rises = sum(b > a for a, b in itertools.pairwise(values))
-            threshold = max(self.min_bytes, self.min_share * baseline[1])
-            if growth < threshold or rises < self.rising * self.window:
-                continue
-            first_step = readings[0][0]
-            per_step = (value - readings[0][1]) / max(1, step - first_step)
-            what = "host memory (RSS)" if name == "host_mem_bytes" else "CUDA memory allocated"
-            findings.append(
-                Finding(
-                    "memory_growth",
-                    f"{what} keeps growing: {value / _MIB:.0f} MiB, +{growth / _MIB:.0f} MiB since step "
-                    f"{baseline[0]}, about {per_step / _MIB:.2f} MiB per step lately "
-                    f"({where(step, self.rank)})",
-                    {
-                        "series": name,
-                        "bytes": value,
-                        "baseline_bytes": baseline[1],
-                        "baseline_step": baseline[0],
-                        "growth_bytes": growth,
-                        "bytes_per_step": per_step,
-                        "rising_readings": rises,
-                        "readings": self.window,
-                        "step": step,
-                        "rank": self.rank,
-                        "likely_causes": [
-                            "tensors that keep their autograd graph are stored across steps "
-                            "(losses.append(loss) instead of loss.item(); outputs kept for metrics)",
-                            "a cache or list that grows every step (logging buffers, a dict keyed by batch)",
-                            "DataLoader workers growing by copy-on-write (Python objects in the Dataset)",
-                            "CUDA: tensors kept in a global, or a growing KV cache / memory bank",
-                        ],
-                    },
-                    key=name,
-                )
-            )
+            recent = list(itertools.islice(readings, len(readings) - self.window, None))
+            judged = self._growing(recent, self.min_share)
+            if judged is None:
+                lowest = min(range(len(readings)), key=lambda i: readings[i][1])
+                span = list(itertools.islice(readings, lowest, None))
+                judged = self._growing(span, self.long_share) if len(span) >= self.window else None
+            if judged is not None:
+                findings.append(self._finding(name, step, judged))
         return findings
+
+    def _growing(self, readings: list[tuple[int, float]], share: float) -> tuple[int, float, float] | None:
+        """(first step, first bytes, bytes per step) if ``readings`` climb steadily and enough."""
+        (first_step, first), (last_step, last) = readings[0], readings[-1]
+        if last - first < max(self.min_bytes, share * first) or last_step <= first_step:
+            return None
+        values = [v for _, v in readings]
+        if sum(b > a for a, b in itertools.pairwise(values)) < len(values) - 2:
+            return None  # not rising reading after reading
+        middle = readings[len(readings) // 2]
+        early = (middle[1] - first) / max(1, middle[0] - first_step)
+        late = (last - middle[1]) / max(1, last_step - middle[0])
+        if late < self.keep_pace * early:
+            return None  # slowing down: settling after start-up, not growing with the steps
+        return first_step, first, (last - first) / (last_step - first_step)
+
+    def _finding(self, name: str, step: int, judged: tuple[int, float, float]) -> Finding:
+        first_step, first, per_step = judged
+        value = self._readings[name][-1][1]
+        what = "host memory (RSS)" if name == "host_mem_bytes" else "CUDA memory allocated"
+        return Finding(
+            "memory_growth",
+            f"{what} grows with every step: {value / _MIB:.0f} MiB, +{(value - first) / _MIB:.0f} MiB since "
+            f"step {first_step}, about {per_step / _MIB:.2f} MiB per step ({where(step, self.rank)})",
+            {
+                "series": name,
+                "bytes": value,
+                "baseline_bytes": first,
+                "baseline_step": first_step,
+                "growth_bytes": value - first,
+                "bytes_per_step": per_step,
+                "step": step,
+                "rank": self.rank,
+                "likely_causes": [
+                    "tensors that keep their autograd graph are stored across steps "
+                    "(losses.append(loss) instead of loss.item(); outputs kept for metrics)",
+                    "a cache or list that grows every step (logging buffers, a dict keyed by batch)",
+                    "DataLoader workers growing by copy-on-write (Python objects in the Dataset)",
+                    "CUDA: tensors kept in a global, or a growing KV cache / memory bank",
+                ],
+            },
+            key=name,
+        )

@@ -29,11 +29,15 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("vanishing_gradient", "warning", "gradients too small to train"),
         EventKind("dead_activations", "warning", "a layer outputs (almost) only zeros"),
         EventKind("update_ratio", "warning", "weight update / weight ratio out of range"),
+        EventKind("chance_loss", "warning", "the loss sits at chance level: the model learns nothing"),
+        EventKind("clip_noop", "warning", "gradient clipping ran before there were gradients to clip"),
         # Speed.
         EventKind("throughput_drop", "warning", "throughput fell well below its recent level"),
         EventKind("step_time_outlier", "info", "one step took far longer than usual"),
         EventKind("data_bottleneck", "warning", "waiting for data dominates the step"),
         EventKind("memory_growth", "warning", "host or GPU memory keeps growing across steps"),
+        # Data.
+        EventKind("duplicate_batches", "warning", "the same batches come again (across workers or epochs)"),
         # GPUs (NVML).
         EventKind("gpu_imbalance", "warning", "one GPU is far less busy than the others"),
         EventKind("gpu_low_util", "warning", "GPUs are mostly idle"),
@@ -47,5 +51,6 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("replica_divergence", "critical", "data-parallel replicas hold different weights"),
         EventKind("unowned_parameters", "info", "trainable parameters that no optimizer owns"),
         EventKind("frozen_param_changed", "critical", "a frozen parameter changed"),
+        EventKind("tie_broken", "warning", "parameters meant to be one tensor have come apart"),
     )
 }
