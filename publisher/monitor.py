@@ -33,6 +33,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from publisher.collect import torch_calls
+from publisher.collect.batches import BatchPrint, LoaderPasses
 from publisher.collect.fetch import DeviceFetch
 from publisher.collect.identity import default_rank, default_run_name, default_world_size
 from publisher.collect.memory import DEFAULT_INTERVAL_S, MemoryReader
@@ -59,6 +61,10 @@ T = TypeVar("T")
 #: gradient once: negligible on a GPU, but on a CPU a 2M-parameter model pays ~1 ms, 5 % of a
 #: 20 ms step; it is then computed every few steps to stay within this budget.
 GRAD_NORM_BUDGET = 0.005
+#: Loaders remembered for counting their passes; batch fingerprints kept for one step (a step that
+#: consumes more batches, gradient accumulation, keeps the first ones).
+_LOADERS = 16
+_BATCHES_PER_STEP = 64
 #: Metrics a sampled step adds to the step's own (``param_norm``, ``update_ratio``): kept free
 #: when the caller's extras fill the message towards the protocol's limit.
 _SAMPLE_TOTALS = 8
@@ -105,6 +111,7 @@ class Monitor:
         stats: bool | StatsConfig = True,
         invariants: bool | InvariantConfig = True,
         memory_interval_s: float = DEFAULT_INTERVAL_S,
+        repeated_batches: bool = False,
     ) -> None:
         self._params = TrainedParams(model, optimizer)
         # Settings are checked before anything binds a port or starts a thread.
@@ -127,6 +134,12 @@ class Monitor:
             stats=StatsConfig() if stats is True else stats or None,
             invariants=InvariantConfig() if invariants is True else invariants or None,
         )
+        self._context = self._parts.detectors.context
+        self._context.repeated_batches = bool(repeated_batches)
+        self._context.optimizers = len(self._params.optimizers)
+        self._calls = torch_calls.watch(self._saw_classes)
+        self._loaders: dict[int, LoaderPasses] = {}
+        self._batches: list[BatchPrint] = []
         #: The publisher (socket, recording, registry entry) and the GPU source, for callers
         #: that drive them directly (the demo's scripted GPU incidents).
         self.publisher = self._parts.publisher
@@ -186,6 +199,11 @@ class Monitor:
         layers = self._layers
         sampling = layers is not None and layers.sampling
         readings = StepReadings()
+        if self._batches:
+            readings.batches, self._batches = tuple(self._batches), []
+        clips = self._calls.clips_without_gradients
+        if clips:  # clip calls that found no gradient since the last step (ClipNoop judges them)
+            readings.metrics["clip_noop_calls"] = float(self._calls.take_clips_without_gradients())
         if isinstance(loss, torch.Tensor) and loss.numel() != 1:
             raise ValueError(f"the loss must be one number, got a tensor of shape {tuple(loss.shape)}")
         if loss is not None:
@@ -273,14 +291,14 @@ class Monitor:
         if waiting or self._fetch.queue or (arrays and not arrays[0].is_cpu):
             names = [name for name, _ in waiting]
             self._fetch.submit([t for _, t in waiting] + arrays,
-                               partial(self._arrived, step, readings.metrics, names, grads, layout))
+                               partial(self._arrived, step, readings, names, grads, layout))
         else:
-            self._hand_over(step, readings.metrics, grads, layout, arrays)
+            self._hand_over(step, readings, grads, layout, arrays)
 
     def _arrived(
         self,
         step: int,
-        metrics: dict[str, float],
+        readings: StepReadings,
         names: list[str],
         grads: GradNorms | None,
         layout: SampleLayout | None,
@@ -289,27 +307,28 @@ class Monitor:
         """A step's device numbers are on the host (a later step, or close()): complete the step."""
         try:
             for name, value in zip(names, values, strict=False):
-                metrics[name] = value.item()
-            self._hand_over(step, metrics, grads, layout, values[len(names):])
+                readings.metrics[name] = value.item()
+            self._hand_over(step, readings, grads, layout, values[len(names):])
         except Exception as exc:
             self._telemetry_failed(f"metrics of step {step}", exc)
 
     def _hand_over(
         self,
         step: int,
-        metrics: dict[str, float],
+        readings: StepReadings,
         grads: GradNorms | None,
         layout: SampleLayout | None,
         arrays: list[torch.Tensor],
     ) -> None:
         """A step's numbers are all on the host: queue it for the worker (training thread)."""
+        metrics = readings.metrics
         # Per-parameter gradient norms come first when there are any, then the sample's arrays.
         grad_norms, sample_arrays = (arrays[0], arrays[1:]) if grads is not None else (None, arrays)
         if layout is None and grads is not None and self._layers is not None and not math.isfinite(
                 metrics["grad_norm"]):
             # Not a sampled step, but the gradients went bad: say which ones.
             layout = self._layers.gradient_layout(grads)
-        self._parts.worker.submit((step, metrics, grad_norms, layout, sample_arrays))
+        self._parts.worker.submit((step, metrics, grad_norms, layout, sample_arrays, readings.batches))
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Watch one more optimizer (a GAN's second one): its parameters join the gradient norm,
@@ -319,6 +338,7 @@ class Monitor:
         """
         if not self._params.add_optimizer(optimizer):
             return
+        self._context.optimizers = len(self._params.optimizers)
         try:
             if self._layers is not None:
                 self._layers.add_optimizer(optimizer)
@@ -328,8 +348,34 @@ class Monitor:
             self._telemetry_failed("add_optimizer()", exc)
 
     def track_data(self, iterable: Iterable[T]) -> Iterator[T]:
-        """Iterate ``iterable``, timing each fetch; the next :meth:`step` reports it as ``data_time``."""
-        return self._timer.track(iterable)
+        """Iterate ``iterable`` (one pass, an epoch, over a DataLoader or any iterable of batches),
+        timing each fetch (the next :meth:`step` reports it as ``data_time``) and fingerprinting
+        each batch (repeated batches are reported: ``Monitor(repeated_batches=True)`` says they
+        are deliberate)."""
+        passes = self._loaders.get(id(iterable))
+        if passes is None:
+            passes = self._loaders[id(iterable)] = LoaderPasses(iterable)
+            if len(self._loaders) > _LOADERS:  # loaders made anew each epoch: forget the oldest
+                del self._loaders[next(iter(self._loaders))]
+        passes.new_pass()
+        for item in self._timer.track(iterable):
+            self.note_batch(passes, item)
+            yield item
+
+    def note_batch(self, passes: LoaderPasses, batch: Any) -> None:
+        """Fingerprint a batch the training is about to use (``track_data``, ``tuimon run``)."""
+        try:
+            found = passes.print_of(batch)
+        except Exception as exc:
+            self._telemetry_failed("batch fingerprint", exc)
+            return
+        if found is not None and len(self._batches) < _BATCHES_PER_STEP:
+            self._batches.append(found)
+
+    def _saw_classes(self, classes: int, label_entropy: float | None) -> None:
+        """The ``cross_entropy`` watch saw the logits' class count (and the labels' entropy)."""
+        context = self._context
+        context.classes, context.label_entropy = classes, label_entropy
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -401,6 +447,7 @@ class Monitor:
             return
         self._closed = True
         self._timer.stop()
+        torch_calls.unwatch(self._calls)
         atexit.unregister(self._close_at_exit)
         # The last steps' metrics, still on the device, first: then the parts, in their order.
         actions: list[Callable[[], None]] = [partial(self._fetch.drain, wait=True)]

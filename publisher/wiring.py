@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from publisher.collect import sysinfo
+from publisher.collect.batches import BatchPrint
 from publisher.collect.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
 from publisher.collect.identity import describe_model, local_rank
 from publisher.collect.params import TrainedParams
@@ -41,8 +42,11 @@ from publisher.wire.transport import Publisher
 log = logging.getLogger(__name__)
 
 #: A step whose numbers are on the host, queued for the worker: (step, metrics, per-parameter
-#: gradient norms, sample layout, the sample's arrays).
-FinishedStep = tuple[int, dict[str, float], torch.Tensor | None, SampleLayout | None, list[torch.Tensor]]
+#: gradient norms, sample layout, the sample's arrays, the fingerprints of its batches).
+FinishedStep = tuple[
+    int, dict[str, float], torch.Tensor | None, SampleLayout | None, list[torch.Tensor],
+    tuple[BatchPrint, ...],
+]
 
 
 class TelemetryErrors:
@@ -166,7 +170,8 @@ class MonitorParts:
             self._errors.failed(f"metrics of step {finished[0]}", exc)
 
     def _publish_finished(self, step: int, metrics: dict[str, float], grad_norms: torch.Tensor | None,
-                          layout: SampleLayout | None, arrays: list[torch.Tensor]) -> None:
+                          layout: SampleLayout | None, arrays: list[torch.Tensor],
+                          batches: tuple[BatchPrint, ...]) -> None:
         sample: LayerSample | None = layout.decode(grad_norms, arrays) if layout is not None else None
         if sample is not None:
             metrics.update(sample.totals())
@@ -178,7 +183,7 @@ class MonitorParts:
         else:
             limit = self.layers.config.max_published if self.layers else 0
             self.publisher.publish("metrics", step=step, metrics=wire, layers=sample.payload(limit))
-        self.detectors.observe_step(step, metrics, sample)
+        self.detectors.observe_step(step, metrics, sample, batches)
 
     def on_gpu_sample(self, devices: list[dict[str, Any]]) -> None:
         """Sampler thread: publish the reading, then let the GPU detectors look at it."""

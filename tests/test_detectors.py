@@ -442,6 +442,29 @@ def test_throughput_drop_fires_on_a_lasting_drop_only() -> None:
     assert run_steps(ThroughputDrop(), steps_of(fast_blip)) == []
 
 
+def test_a_step_time_jump_is_named_within_ten_steps_or_a_second() -> None:
+    """Issue 10: a per-step debug routine made every step 17x slower from step 100: nothing fired."""
+    rng = random.Random(3)
+    normal = [0.01 * math.exp(rng.gauss(0, 0.1)) for _ in range(100)]
+    debug = normal + [0.17 * math.exp(rng.gauss(0, 0.1)) for _ in range(50)]
+    found = run_steps(ThroughputDrop(), steps_of(debug))
+    assert found and found[0][0] == 105, "five slow steps (0.85 s)"
+    details = found[0][1].details
+    assert details["slower_by"] == pytest.approx(17, rel=0.2) and details["since_step"] == 101
+    fast = [0.001] * 300 + [0.0035] * 400  # a millisecond loop 3.5x slower: after half a second
+    first = run_steps(ThroughputDrop(), steps_of(fast))[0][0]
+    assert 300 + 140 <= first <= 300 + 150
+    hiccup = [0.001] * 300 + [0.0035] * 20 + [0.001] * 100  # 70 ms of slow steps: noise
+    assert run_steps(ThroughputDrop(), steps_of(hiccup)) == []
+
+
+def test_more_work_per_step_at_the_same_throughput_is_no_slowdown() -> None:
+    """Longer sequences: 4x the tokens per step, 4x the step time, the same tokens per second."""
+    short = [{"step_time": 0.01, "tokens_per_s": 512 / 0.01}] * 100
+    long = [{"step_time": 0.04, "tokens_per_s": 2048 / 0.04}] * 100
+    assert run_steps(ThroughputDrop(), short + long) == []
+
+
 def test_periodic_evaluation_pauses_are_one_info_episode() -> None:
     events, emit = collector()
     detectors = DetectorSet([StepTimeOutlier(), ThroughputDrop()], emit, min_update_s=0.0)

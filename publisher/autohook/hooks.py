@@ -14,8 +14,11 @@ What is hooked, all through public PyTorch extension points or thin wrappers:
   the Monitor.
 - ``Tensor.backward``: a scalar tensor that is backpropagated is the loss; the losses since the
   previous step are averaged (gradient accumulation, LBFGS closures).
-- ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``) and its size
-  (``samples_per_s``).
+- ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``), its size
+  (``samples_per_s``) and its fingerprint (repeated batches: :mod:`publisher.collect.batches`).
+- ``clip_grad_norm_``, ``clip_grad_value_`` and ``cross_entropy`` are watched
+  (:mod:`publisher.collect.torch_calls`), installed as torch is imported so that the script's own
+  imports of those names see the watched ones.
 
 Configuration comes from the environment ``tuimon run`` sets: ``TUIMON_RUN``,
 ``TUIMON_RECORD`` (a path prefix: each process appends ``.rank<R>.pid<P>.jsonl``),
@@ -84,6 +87,8 @@ class _Session:
         self.losses: deque[torch.Tensor] = deque(maxlen=MAX_PENDING_LOSSES)
         self.data_time = 0.0
         self.samples = 0
+        self.batches: deque[tuple[Any, Any]] = deque(maxlen=64)  # (loader passes, batch) since the step
+        self.passes: dict[tuple[int, int], Any] = {}  # per (dataset, sampler): LoaderPasses
         self.failed = False
         # step() calls in progress: an optimizer subclass whose step() calls super().step() runs
         # the global hooks once per level, and only the outermost one is a training step.
@@ -122,6 +127,8 @@ class _Session:
             loss = self._take_loss()
             samples, data_time = self.samples or None, self.data_time or None
             self.samples, self.data_time = 0, 0.0
+            while self.batches:
+                self.monitor.note_batch(*self.batches.popleft())
             self.monitor.step(loss, samples=samples, data_time=data_time)
         except Exception as exc:  # never break the user's training because of telemetry
             self.failed = True
@@ -160,6 +167,9 @@ def _instrument(torch: ModuleType) -> None:
 
     register_optimizer_step_pre_hook(before_step)
     register_optimizer_step_post_hook(after_step)
+    from publisher.collect import torch_calls
+
+    torch_calls.install()
 
     original_backward = torch.Tensor.backward
 
@@ -175,12 +185,34 @@ def _instrument(torch: ModuleType) -> None:
 
     def next_batch(self: Any) -> Any:
         started = time.perf_counter()
+        index = getattr(self, "_num_yielded", None)
         batch = original_next(self)
         _session.data_time += time.perf_counter() - started
         _session.samples += _batch_size(batch)
+        _session.batches.append((_passes_of(self, index), batch))
         return batch
 
     _BaseDataLoaderIter.__next__ = next_batch
+
+
+def _passes_of(iterator: Any, index: int | None) -> Any:
+    """The pass counter of the loader an iterator belongs to (by dataset and sampler: a loader
+    makes a new iterator each epoch, or resets a persistent one); a new pass when it starts over."""
+    from publisher.collect.batches import LoaderPasses, loader_shuffles
+
+    sampler = getattr(iterator, "_index_sampler", None)
+    key = (id(getattr(iterator, "_dataset", iterator)), id(sampler))
+    passes = _session.passes.get(key)
+    if passes is None:
+        passes = _session.passes[key] = LoaderPasses(
+            iterator, workers=int(getattr(iterator, "_num_workers", 0) or 0),
+            shuffled=loader_shuffles(sampler),
+        )
+        if len(_session.passes) > 16:
+            del _session.passes[next(iter(_session.passes))]
+    if not index:
+        passes.new_pass()
+    return passes
 
 
 def _batch_size(batch: Any) -> int:

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import torch
 
+from publisher.collect.batches import BatchPrint
+
 
 class StepReadings:
-    """``metrics``: the numbers already on the host; ``waiting``: (name, device scalar) pairs."""
+    """``metrics``: the numbers already on the host; ``waiting``: (name, device scalar) pairs;
+    ``batches``: the fingerprints of the batches the step consumed."""
 
-    __slots__ = ("metrics", "waiting")
+    __slots__ = ("batches", "metrics", "waiting")
 
     def __init__(self) -> None:
         self.metrics: dict[str, float] = {}
         self.waiting: list[tuple[str, torch.Tensor]] = []
+        self.batches: tuple[BatchPrint, ...] = ()
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         """A number or a one-element tensor: read now if it is on the CPU, else set aside."""

@@ -2,9 +2,11 @@
 
 Kept apart from the detectors themselves (one module per signal beside this one) and from the
 episode logic (:mod:`publisher.detectors.episodes`) so that every detector module depends on this
-one only. Observations
-are plain numbers: a step's metrics, a GPU reading, or a sampled per-layer
-:class:`~publisher.stats.layer_sample.LayerSample` already fetched to the host.
+one only. Observations are plain numbers: a step's metrics, a GPU reading, a sampled per-layer
+:class:`~publisher.stats.layer_sample.LayerSample` already fetched to the host, or the
+fingerprints of the step's batches. What a detector knows about the training besides its
+numbers (how many optimizers, how many classes the loss scores) is the set's shared
+:class:`TrainingContext`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,30 @@ from typing import TYPE_CHECKING, Any
 from publisher.wire.event_kinds import EVENT_KINDS
 
 if TYPE_CHECKING:
+    from publisher.collect.batches import BatchPrint
     from publisher.stats.layer_sample import LayerSample
 
 Metrics = Mapping[str, float]
 Devices = Sequence[Mapping[str, Any]]
+
+
+@dataclass(slots=True)
+class TrainingContext:
+    """What the Monitor tells its detectors about the training, besides the numbers of each step.
+
+    Written from the training thread, read from the step worker's; every field is replaced whole
+    (no lock needed). ``optimizers``: how many optimizers step (more than one is adversarial or
+    multi-objective training, whose losses are not expected to fall on their own). ``classes``:
+    the number of classes the classification loss scores (from the logits' shape, seen by the
+    ``cross_entropy`` watch), ``label_entropy``: the entropy of the labels seen, in nats (the loss
+    of a model that predicts the label prior). ``repeated_batches``: the user said repeated batches
+    are deliberate (an overfit-one-batch check).
+    """
+
+    optimizers: int = 1
+    classes: int | None = None
+    label_entropy: float | None = None
+    repeated_batches: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +69,9 @@ class Finding:
 class Detector:
     """Base class. Override the ``observe_*`` hooks you need; each returns findings (or ``()``).
 
-    ``rank`` is set by the :class:`~publisher.detectors.DetectorSet` so messages can say where
-    something happened. All hooks of one detector are called from one thread at a time.
+    ``rank`` and ``context`` are set by the :class:`~publisher.detectors.DetectorSet`: where
+    something happened, and what is known about the training. All hooks of one detector are
+    called from one thread at a time.
     """
 
     #: Observations without a finding after which an open episode of this detector ends.
@@ -57,6 +80,7 @@ class Detector:
     #: norm was not finite (other detectors neither see them nor age their episodes on them).
     reads_partial_samples: bool = False
     rank: int = 0
+    context: TrainingContext = TrainingContext()
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         """Called once per optimizer step with that step's metrics (``loss`` when known).
@@ -73,6 +97,11 @@ class Detector:
 
     def observe_gpu(self, step: int | None, devices: Devices) -> Sequence[Finding]:
         """Called once per GPU sample with the protocol's device dicts; ``step`` is the latest."""
+        return ()
+
+    def observe_batches(self, step: int, batches: Sequence[BatchPrint]) -> Sequence[Finding]:
+        """Called with the fingerprints of the batches a step consumed (when the Monitor sees the
+        data path: ``Monitor.track_data`` or ``tuimon run``), after the step's ``observe_step``."""
         return ()
 
 

@@ -424,3 +424,44 @@ class DeadActivations(Detector):
                 },
             ),
         )
+
+
+class ClipNoop(Detector):
+    """Gradient clipping ran while there was nothing to clip, and the step then used real gradients.
+
+    ``clip_grad_norm_`` / ``clip_grad_value_`` called before ``loss.backward()`` (or right after
+    ``zero_grad()``) see gradients that are None or zero: they clip nothing and return 0, the
+    optimizer then steps on the full, unclipped gradients, and the explosion clipping was there to
+    stop shows up much later as a loss spike. The clip calls are seen by the watch of
+    :mod:`publisher.collect.torch_calls`, which reports, per step, how many saw no gradient
+    (``clip_noop_calls``); this fires on the first such step whose own gradients were real
+    (``grad_norm`` above 0, or not measured on that step), so within one step of the bug.
+    """
+
+    quiet_to_close = 20
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        calls = metrics.get("clip_noop_calls")
+        grad_norm = metrics.get("grad_norm")
+        if not calls or (grad_norm is not None and not grad_norm > 0):
+            return ()
+        used = "unclipped gradients" if grad_norm is None else f"unclipped gradients of norm {fmt(grad_norm)}"
+        return (
+            Finding(
+                "clip_noop",
+                f"gradient clipping ran {int(calls)} time(s) before step {step} while the gradients were "
+                f"None or zero, then the step used {used}: clipping protects nothing "
+                f"({where(step, self.rank)})",
+                {
+                    "clip_calls_without_gradients": int(calls),
+                    "grad_norm": grad_norm,
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "clip_grad_norm_ / clip_grad_value_ called before loss.backward()",
+                        "clipping placed right after optimizer.zero_grad(), before the backward pass",
+                        "gradient accumulation: clipping on a micro-step before the last backward",
+                    ],
+                },
+            ),
+        )

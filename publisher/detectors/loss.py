@@ -271,6 +271,11 @@ class LossPlateau(Detector):
     Steps with a learning rate of 0 or one still rising (warm-up, from 0 or not) do not count, so
     a long warm-up is never mistaken for a plateau. The message says when the loss sits at
     ``log(k)``, the chance level of a k-class classifier.
+
+    A plateau is news only when the loss is expected to fall. With more than one optimizer
+    (adversarial training: a GAN's generator and discriminator; several objectives stepped in
+    turn) the loss reported is one that no optimizer minimises alone, and its flat equilibrium is
+    the goal, not a fault: the detector stays quiet.
     """
 
     quiet_to_close = 50
@@ -292,7 +297,7 @@ class LossPlateau(Detector):
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         loss = metrics.get("loss")
-        if self._learning or loss is None or not math.isfinite(loss):
+        if self._learning or loss is None or not math.isfinite(loss) or self.context.optimizers > 1:
             return ()
         lr, previous = metrics.get("lr"), self._lr
         self._lr = lr
@@ -345,6 +350,101 @@ class LossPlateau(Detector):
                         "learning rate far too small, or the optimizer does not hold the model's parameters",
                         "gradients never reach the weights (detached tensors, frozen layers, vanishing)",
                         "inputs carry no signal (all equal, wrong column, normalised to zero)",
+                    ],
+                },
+            ),
+        )
+
+
+class ChanceLoss(Detector):
+    """A classification loss that sits at chance level while the gradients flow: nothing is learned.
+
+    A classifier that has not learned anything about its inputs predicts the label prior, and its
+    cross-entropy is the entropy of the labels: ``log C`` for C balanced classes. Labels shuffled
+    apart from their inputs, inputs that carry no signal and a loss target off by one all keep the
+    loss exactly there while every other signal looks healthy. Knowing C (the logits' class
+    dimension, seen by the ``cross_entropy`` watch: :mod:`publisher.collect.torch_calls`) and the
+    labels' entropy, that level is a number to compare with, so this fires after ``settle`` (10)
+    plus ``window`` (24) steps instead of the hundred and more a plateau test needs
+    (:class:`LossPlateau`, which knows neither):
+
+    - the mean of the last ``window`` losses is within ``tolerance`` (2 %) of a chance level
+      (``log C`` or the label entropy) and shows no downward trend (t-statistic of a least-squares
+      line above ``-t``, 2): a slow learner that leaves chance slowly but surely stays quiet;
+    - the gradients flow (``grad_norm`` above 0 when reported): no gradient at all is another
+      event's business.
+
+    As for :class:`LossPlateau`, steps with a learning rate of 0 or a rising one (warm-up) do not
+    count, and neither does a run with more than one optimizer. Karpathy's "A Recipe for Training
+    Neural Networks" (2019) makes the same check by hand: verify the loss at initialisation is
+    ``-log(1/C)``, and that it then leaves it.
+    """
+
+    quiet_to_close = 50
+
+    def __init__(self, settle: int = 10, window: int = 24, tolerance: float = 0.02, t: float = 2.0) -> None:
+        if settle < 0 or window < 3 or not 0 < tolerance < 1:
+            raise ValueError("ChanceLoss: settle >= 0, window >= 3, 0 < tolerance < 1")
+        self.settle = settle
+        self.window = window
+        self.tolerance = tolerance
+        self.t = t
+        self._counted = 0
+        self._lr: float | None = None
+        self._losses: deque[float] = deque(maxlen=window)
+
+    def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        context = self.context
+        loss = metrics.get("loss")
+        if context.classes is None or context.optimizers > 1 or loss is None or not math.isfinite(loss):
+            return ()
+        lr, previous = metrics.get("lr"), self._lr
+        self._lr = lr
+        if lr is not None and (lr <= 0 or (previous is not None and lr > previous * (1 + 1e-9))):
+            return ()  # warm-up or a zero learning rate: no progress is expected yet
+        self._counted += 1
+        if self._counted <= self.settle:
+            return ()
+        self._losses.append(loss)
+        grad_norm = metrics.get("grad_norm")
+        if len(self._losses) < self.window or (grad_norm is not None and not grad_norm > 0):
+            return ()
+        mean = statistics.fmean(self._losses)
+        levels = {"log(C)": math.log(context.classes)}
+        if context.label_entropy:
+            levels["label entropy"] = context.label_entropy
+        name, level = min(levels.items(), key=lambda item: abs(mean - item[1]))
+        if abs(mean - level) > self.tolerance * level:
+            return ()
+        slope, t = _trend(self._losses)
+        if t < -self.t:
+            return ()  # leaving chance: learning, slowly
+        return (
+            Finding(
+                "chance_loss",
+                f"the loss sits at chance level: mean {fmt(mean)} over the last {self.window} steps, "
+                f"{name} = {fmt(level)} for {context.classes} classes, while the gradients flow "
+                f"({where(step, self.rank)})",
+                {
+                    "mean_loss": mean,
+                    "chance_level": level,
+                    "chance_from": name,
+                    "classes": context.classes,
+                    "log_classes": math.log(context.classes),
+                    "label_entropy": context.label_entropy,
+                    "slope_per_step": slope,
+                    "slope_t": t,
+                    "window": self.window,
+                    "grad_norm": grad_norm,
+                    "lr": lr,
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "labels do not match the inputs (shuffled with a different permutation, "
+                        "misaligned after filtering or joining)",
+                        "inputs carry no signal (all equal, the wrong column, normalised to zero)",
+                        "the learning rate is far too small, or the optimizer holds other parameters",
+                        "the loss target is wrong (class ids vs one-hot, ignore_index, label smoothing 1.0)",
                     ],
                 },
             ),

@@ -31,41 +31,125 @@ def _rate(metrics: Metrics) -> tuple[str, float] | None:
 
 
 class ThroughputDrop(Detector):
-    """Throughput fell to ``ratio`` (0.5) of its level before, for a whole ``window`` of steps.
+    """Training got slower and stayed slower: a sudden jump of the step time, or a halved throughput.
 
-    The median throughput of the last ``window`` (20) steps against the median of the ``baseline``
-    (100) steps before them; medians, so one slow step (an evaluation pause, a checkpoint, garbage
-    collection) changes neither. Checked once ``warmup`` (10) steps are past, and only when the slow
-    window lasted ``min_duration_s`` (1 s) of wall time: a millisecond-scale loop that loses the CPU
-    for a few milliseconds is not a drop. After ``baseline`` slow steps the slow level is the new
-    baseline and the episode ends. BLOOM lost 5 % to one slow GPU unnoticed (BigScience BLOOM-176B
-    training chronicles); a halving is what is worth an alarm by default.
+    Two tests, one kind of event:
+
+    - **A jump** (``jump``: 3x): every one of the latest steps took at least ``jump`` times the
+      median of the ``baseline`` steps before them, for at least ``jump_steps`` (5) steps and
+      ``jump_s`` (0.5 s): a forgotten per-step debug routine, a synchronous logger, a process that
+      took the CPU. It fires within about max(10 steps, 1 s) of the change: five slow steps of a
+      slow loop, half a second of a fast one (a millisecond loop losing the CPU for a few
+      milliseconds is not a jump). One long step (an evaluation, a checkpoint) breaks the streak:
+      that is :class:`StepTimeOutlier`'s business.
+    - **A drop** (``ratio``: 0.5): the median throughput of the last ``window`` (20) steps against
+      the median of the ``baseline`` (100) steps before them; medians, so one slow step changes
+      neither; only when the slow window lasted ``min_duration_s`` (1 s). BLOOM lost 5 % to one
+      slow GPU unnoticed (BigScience BLOOM-176B training chronicles); a halving is what is worth an
+      alarm by default.
+
+    Both are judged once ``warmup`` (10) steps are past. After ``baseline`` slow steps the slow
+    level is the new normal and the episode ends.
     """
 
     quiet_to_close = 20
 
     def __init__(self, window: int = 20, baseline: int = 100, ratio: float = 0.5, warmup: int = 10,
-                 min_duration_s: float = 1.0) -> None:
+                 min_duration_s: float = 1.0, jump: float = 3.0, jump_steps: int = 5,
+                 jump_s: float = 0.5) -> None:
         self.window = window
         self.ratio = ratio
         self.warmup = warmup
         self.min_duration_s = min_duration_s
+        self.jump = jump
+        self.jump_steps = jump_steps
+        self.jump_s = jump_s
         self._seen = 0
         self._rates: deque[float] = deque(maxlen=window + baseline)
         self._times: deque[float] = deque(maxlen=window)
         self._unit = "steps_per_s"
+        # The jump test: step times before the current streak, their median (refreshed every 10
+        # steps), and the streak of steps over ``jump`` times it.
+        self._usual: deque[float] = deque(maxlen=baseline)
+        self._usual_median = 0.0
+        self._streak: list[float] = []
+        self._streak_s = 0.0
+
+    def _reset_streak(self) -> None:
+        self._streak = []
+        self._streak_s = 0.0
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         rate = _rate(metrics)
         if rate is None:
             return ()
+        if rate[0] != self._unit:  # the user started passing samples or tokens: a new series
+            self._unit = rate[0]
+            self._rates.clear()
+            self._usual.clear()
+            self._reset_streak()
+            self._usual_median = 0.0
+        return self._jump(step, 1.0 / rate[1], metrics) or self._drop(step, rate[1], metrics)
+
+    def _jump(self, step: int, cost: float, metrics: Metrics) -> Sequence[Finding]:
+        """``cost``: seconds per unit of work (a sample, a token, else a step), so that a step doing
+        more work at the same throughput (longer sequences) is no slowdown."""
+        usual = self._usual
+        if len(usual) >= self.warmup and (not self._usual_median or step % 10 == 0):
+            self._usual_median = statistics.median(usual)
+        median = self._usual_median
+        if not median or cost < self.jump * median:
+            if len(self._streak) < self.warmup:  # a short slow spell (a pause): part of normal
+                usual.extend(self._streak)
+            self._reset_streak()
+            usual.append(cost)
+            return ()
+        streak = self._streak
+        streak.append(cost)
+        self._streak_s += metrics.get("step_time") or 0.0
+        if len(streak) >= usual.maxlen and self._streak_s >= 2 * self.jump_s:  # slow for long: the new normal
+            usual.clear()
+            usual.extend(streak)
+            self._usual_median = statistics.median(usual)
+            self._reset_streak()
+            return ()
+        if len(streak) < self.jump_steps or self._streak_s < self.jump_s:
+            return ()
+        now = statistics.median(streak)
+        per = self._unit.removesuffix("s_per_s")
+        return (
+            Finding(
+                "throughput_drop",
+                f"training became {now / median:.0f}x slower: {fmt(now)} s per {per} over the last "
+                f"{len(streak)} steps against {fmt(median)} s before ({where(step, self.rank)})",
+                {
+                    "metric": self._unit,
+                    "recent": 1.0 / now,
+                    "before": 1.0 / median,
+                    "ratio": median / now,
+                    "slower_by": now / median,
+                    "slow_steps": len(streak),
+                    "since_step": step - len(streak) + 1,
+                    "data_time": metrics.get("data_time"),
+                    "step_time": metrics.get("step_time"),
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "new per-step work in the loop: a debug routine, a .item() or print per step, "
+                        "a synchronous logger or checkpoint",
+                        "the input pipeline slowed down (check data_time; storage, workers, CPU)",
+                        "another process took the CPUs or the GPUs (top, nvidia-smi)",
+                        "GPU throttling (thermal or power) or a lower clock (see the GPU panel)",
+                    ],
+                },
+            ),
+        )
+
+    def _drop(self, step: int, value: float, metrics: Metrics) -> Sequence[Finding]:
         self._seen += 1
         if self._seen <= self.warmup:
             return ()
-        unit, value = rate
-        if unit != self._unit:  # the user started passing samples: a new series
-            self._unit = unit
-            self._rates.clear()
+        unit = self._unit
         self._rates.append(value)
         self._times.append(metrics.get("step_time") or 0.0)
         rates = self._rates

@@ -19,11 +19,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from publisher.detectors.base import Detector, Devices, Finding, Metrics, overrides
+from publisher.detectors.base import Detector, Devices, Finding, Metrics, TrainingContext, overrides
+from publisher.detectors.data import DuplicateBatches
 from publisher.detectors.episodes import EmitEvent, EpisodeTracker
 from publisher.detectors.gpu import GpuEcc, GpuImbalance, GpuLowUtil, GpuThrottle
 from publisher.detectors.grads import (
+    ClipNoop,
     DeadActivations,
     GradExplosion,
     NonFiniteGrads,
@@ -31,9 +34,12 @@ from publisher.detectors.grads import (
     UpdateRatio,
     VanishingGradient,
 )
-from publisher.detectors.loss import LossPlateau, LossSpike, NonFiniteLoss
+from publisher.detectors.loss import ChanceLoss, LossPlateau, LossSpike, NonFiniteLoss
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import LayerSample
+
+if TYPE_CHECKING:
+    from publisher.collect.batches import BatchPrint
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +51,10 @@ def default_detectors() -> list[Detector]:
     to change them, e.g. ``[*default_detectors()[:-1], GpuLowUtil(p95=50)]``.
     """
     return [
-        NonFiniteLoss(), LossSpike(), LossPlateau(),
-        GradExplosion(), NonFiniteGrads(), NonFiniteParams(), VanishingGradient(), UpdateRatio(),
+        NonFiniteLoss(), LossSpike(), LossPlateau(), ChanceLoss(),
+        GradExplosion(), NonFiniteGrads(), NonFiniteParams(), VanishingGradient(), UpdateRatio(), ClipNoop(),
         DeadActivations(),
-        ThroughputDrop(), StepTimeOutlier(), DataBottleneck(), MemoryGrowth(),
+        ThroughputDrop(), StepTimeOutlier(), DataBottleneck(), MemoryGrowth(), DuplicateBatches(),
         GpuImbalance(), GpuThrottle(), GpuEcc(), GpuLowUtil(),
     ]
 
@@ -73,34 +79,42 @@ class DetectorSet:
         *,
         rank: int = 0,
         min_update_s: float = 2.0,
+        context: TrainingContext | None = None,
     ) -> None:
         self.tracker = EpisodeTracker(emit, rank=rank, min_update_s=min_update_s)
         self.detectors = list(detectors)
+        #: What the detectors know about the training (the Monitor updates it); shared by all.
+        self.context = context or TrainingContext()
         for detector in self.detectors:
             detector.rank = rank
-        # (detector, has observe_step, has observe_layers) for the per-step observations.
+            detector.context = self.context
+        # (detector, has observe_step, has observe_layers, has observe_batches) per step.
         self._step_detectors = [
-            (d, overrides(d, "observe_step"), overrides(d, "observe_layers"))
+            (d, overrides(d, "observe_step"), overrides(d, "observe_layers"), overrides(d, "observe_batches"))
             for d in self.detectors
-            if overrides(d, "observe_step") or overrides(d, "observe_layers")
+            if any(overrides(d, hook) for hook in ("observe_step", "observe_layers", "observe_batches"))
         ]
         self._gpu_detectors = [d for d in self.detectors if overrides(d, "observe_gpu")]
 
-    def observe_step(self, step: int, metrics: Metrics, layers: LayerSample | None = None) -> None:
-        """Run the step detectors on one step; those reading layers also on its sample, if any.
+    def observe_step(self, step: int, metrics: Metrics, layers: LayerSample | None = None,
+                     batches: Sequence[BatchPrint] = ()) -> None:
+        """Run the step detectors on one step; those reading layers also on its sample, if any,
+        those reading batches on its batches' fingerprints, if any.
 
-        A detector's findings from both hooks make one observation; a layer finding replaces a
+        A detector's findings from its hooks make one observation; a layer finding replaces a
         step finding of the same kind and key (it knows more: which layers).
         """
         tracker = self.tracker
         open_episodes = tracker.open_owners
-        for detector, on_step, on_layers in self._step_detectors:
+        for detector, on_step, on_layers, on_batches in self._step_detectors:
             try:
                 findings = detector.observe_step(step, metrics) if on_step else ()
                 if on_layers and layers is not None and (layers.complete or detector.reads_partial_samples):
                     findings = _merge(findings, detector.observe_layers(step, layers, metrics))
+                elif on_batches and batches:
+                    findings = _merge(findings, detector.observe_batches(step, batches))
                 elif not on_step:
-                    continue  # a layer detector ages its episodes on samples only
+                    continue  # a layer or batch detector ages its episodes on its own observations
                 if findings or id(detector) in open_episodes:  # else nothing to record: the usual case
                     tracker.observe(detector, step, findings, detector.quiet_to_close)
             except Exception:
