@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from publisher.collect import torch_calls
-from publisher.collect.batches import BatchPrint, LoaderPasses
+from publisher.collect.batches import BatchPrint, LoaderBook, LoaderPasses
 from publisher.collect.fetch import DeviceFetch
 from publisher.collect.identity import default_rank, default_run_name, default_world_size
 from publisher.collect.memory import DEFAULT_INTERVAL_S, MemoryReader
@@ -61,9 +61,8 @@ T = TypeVar("T")
 #: gradient once: negligible on a GPU, but on a CPU a 2M-parameter model pays ~1 ms, 5 % of a
 #: 20 ms step; it is then computed every few steps to stay within this budget.
 GRAD_NORM_BUDGET = 0.005
-#: Loaders remembered for counting their passes; batch fingerprints kept for one step (a step that
-#: consumes more batches, gradient accumulation, keeps the first ones).
-_LOADERS = 16
+#: Batch fingerprints kept for one step (a step that consumes more batches, gradient
+#: accumulation, keeps the first ones).
 _BATCHES_PER_STEP = 64
 #: Metrics a sampled step adds to the step's own (``param_norm``, ``update_ratio``): kept free
 #: when the caller's extras fill the message towards the protocol's limit.
@@ -138,7 +137,7 @@ class Monitor:
         self._context.repeated_batches = bool(repeated_batches)
         self._context.optimizers = len(self._params.optimizers)
         self._calls = torch_calls.watch(self._saw_classes)
-        self._loaders: dict[int, LoaderPasses] = {}
+        self._loaders = LoaderBook()
         self._batches: list[BatchPrint] = []
         #: The publisher (socket, recording, registry entry) and the GPU source, for callers
         #: that drive them directly (the demo's scripted GPU incidents).
@@ -352,11 +351,7 @@ class Monitor:
         timing each fetch (the next :meth:`step` reports it as ``data_time``) and fingerprinting
         each batch (repeated batches are reported: ``Monitor(repeated_batches=True)`` says they
         are deliberate)."""
-        passes = self._loaders.get(id(iterable))
-        if passes is None:
-            passes = self._loaders[id(iterable)] = LoaderPasses(iterable)
-            if len(self._loaders) > _LOADERS:  # loaders made anew each epoch: forget the oldest
-                del self._loaders[next(iter(self._loaders))]
+        passes = self._loaders.passes_for(iterable)
         passes.new_pass()
         for item in self._timer.track(iterable):
             self.note_batch(passes, item)

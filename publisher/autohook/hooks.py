@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from publisher.collect.batches import LoaderBook, LoaderPasses
     from publisher.monitor import Monitor
 
 log = logging.getLogger("tuimon.publisher")
@@ -87,8 +88,8 @@ class _Session:
         self.losses: deque[torch.Tensor] = deque(maxlen=MAX_PENDING_LOSSES)
         self.data_time = 0.0
         self.samples = 0
-        self.batches: deque[tuple[Any, Any]] = deque(maxlen=64)  # (loader passes, batch) since the step
-        self.passes: dict[tuple[int, int], Any] = {}  # per (dataset, sampler): LoaderPasses
+        self.batches: deque[tuple[LoaderPasses, Any]] = deque(maxlen=64)  # (its loader, batch) since the step
+        self.loaders: LoaderBook | None = None  # made once torch is imported
         self.failed = False
         # step() calls in progress: an optimizer subclass whose step() calls super().step() runs
         # the global hooks once per level, and only the outermost one is a training step.
@@ -195,21 +196,14 @@ def _instrument(torch: ModuleType) -> None:
     _BaseDataLoaderIter.__next__ = next_batch
 
 
-def _passes_of(iterator: Any, index: int | None) -> Any:
-    """The pass counter of the loader an iterator belongs to (by dataset and sampler: a loader
-    makes a new iterator each epoch, or resets a persistent one); a new pass when it starts over."""
-    from publisher.collect.batches import LoaderPasses, loader_shuffles
+def _passes_of(iterator: Any, index: int | None) -> LoaderPasses:
+    """The pass counter of the loader an iterator belongs to; a new pass when it starts over (a
+    loader makes a new iterator each epoch, or resets a persistent one)."""
+    if _session.loaders is None:
+        from publisher.collect.batches import LoaderBook
 
-    sampler = getattr(iterator, "_index_sampler", None)
-    key = (id(getattr(iterator, "_dataset", iterator)), id(sampler))
-    passes = _session.passes.get(key)
-    if passes is None:
-        passes = _session.passes[key] = LoaderPasses(
-            iterator, workers=int(getattr(iterator, "_num_workers", 0) or 0),
-            shuffled=loader_shuffles(sampler),
-        )
-        if len(_session.passes) > 16:
-            del _session.passes[next(iter(_session.passes))]
+        _session.loaders = LoaderBook()
+    passes = _session.loaders.passes_for(iterator)
     if not index:
         passes.new_pass()
     return passes

@@ -34,16 +34,15 @@ class BatchPrint:
     epoch: int  # pass over the loader, from 0
     index: int  # batch within the pass, from 0
     digest: int  # the fingerprint
+    samples: int  # the batch's leading dimension
+    values: int  # values in its first tensor (how much content the fingerprint stands for)
     shuffled: bool  # the loader draws its order at random
+    replacement: bool  # ... with replacement (samples repeat within a pass by design)
     workers: int  # the loader's worker processes
 
 
-def fingerprint(batch: Any) -> int | None:
-    """A hash of a strided sample of the batch's first CPU tensor, its shape and dtype; None when
-    the batch holds no CPU tensor."""
-    tensor = _first_tensor(batch)
-    if tensor is None or tensor.device.type != "cpu" or tensor.numel() == 0:
-        return None
+def fingerprint(tensor: torch.Tensor) -> int:
+    """A hash of a strided sample of a CPU tensor's values, its shape and dtype."""
     flat = tensor.detach().reshape(-1)
     stride = max(1, flat.numel() // SAMPLE_ELEMENTS)
     try:  # through numpy: a view and a slice, a few microseconds
@@ -67,28 +66,39 @@ def _first_tensor(batch: Any, depth: int = 0) -> torch.Tensor | None:
     return None
 
 
-def loader_shuffles(source: Any) -> bool:
-    """Whether a DataLoader, a batch sampler or a sampler draws its order at random: a
-    RandomSampler, or a sampler that says ``shuffle`` (DistributedSampler), wherever it sits."""
-    for _ in range(3):  # loader -> batch sampler -> sampler
-        if isinstance(source, torch.utils.data.RandomSampler) or getattr(source, "shuffle", False) is True:
-            return True
-        inner = getattr(source, "sampler", None)
-        if inner is None or inner is source:
-            inner = getattr(source, "batch_sampler", None)
+def loader_sampler(source: Any) -> Any:
+    """The sampler that orders a DataLoader's samples (a DataLoader, batch sampler or sampler
+    given); None when there is none (an iterable dataset)."""
+    for _ in range(3):  # loader (or its iterator) -> batch sampler -> sampler
+        if isinstance(source, torch.utils.data.Sampler) and not hasattr(source, "sampler"):
+            return source
+        inner = next((found for name in ("sampler", "batch_sampler", "_index_sampler")
+                      if (found := getattr(source, name, None)) is not None and found is not source), None)
         if inner is None:
-            return False
+            return None
         source = inner
-    return False
+    return None
+
+
+def loader_shuffles(source: Any) -> tuple[bool, bool]:
+    """Whether a DataLoader (batch sampler, sampler) draws its order at random, and whether with
+    replacement: a RandomSampler, a WeightedRandomSampler, or a sampler that says ``shuffle``
+    (DistributedSampler)."""
+    sampler = loader_sampler(source)
+    data = torch.utils.data
+    random = isinstance(sampler, data.RandomSampler | data.WeightedRandomSampler | data.SubsetRandomSampler)
+    random = random or getattr(sampler, "shuffle", False) is True
+    return random, random and getattr(sampler, "replacement", False) is True
 
 
 class LoaderPasses:
     """Numbers the passes over one loader and the batches within each pass."""
 
-    def __init__(self, loader: Any, *, workers: int | None = None, shuffled: bool | None = None) -> None:
+    def __init__(self, loader: Any) -> None:
+        """``loader``: a DataLoader, or one of its iterators."""
         self.loader_id = id(loader)
-        self.workers = int(getattr(loader, "num_workers", 0) or 0) if workers is None else workers
-        self.shuffled = loader_shuffles(loader) if shuffled is None else shuffled
+        self.workers = int(getattr(loader, "num_workers", None) or getattr(loader, "_num_workers", 0) or 0)
+        self.shuffled, self.replacement = loader_shuffles(loader)
         self.epoch = -1
         self.index = 0
 
@@ -98,9 +108,37 @@ class LoaderPasses:
 
     def print_of(self, batch: Any) -> BatchPrint | None:
         """The next batch's print (None when it has no CPU tensor to fingerprint)."""
-        digest = fingerprint(batch)
+        tensor = _first_tensor(batch)
         index = self.index
         self.index += 1
-        if digest is None:
+        if tensor is None or tensor.device.type != "cpu" or tensor.numel() == 0:
             return None
-        return BatchPrint(self.loader_id, max(self.epoch, 0), index, digest, self.shuffled, self.workers)
+        samples = int(tensor.shape[0]) if tensor.dim() else 1
+        return BatchPrint(self.loader_id, max(self.epoch, 0), index, fingerprint(tensor), samples,
+                          tensor.numel(), self.shuffled, self.replacement, self.workers)
+
+
+class LoaderBook:
+    """The pass counters of the loaders a process iterates, found again on each pass.
+
+    Keyed by the loader's dataset and order (shuffled or not) rather than by the loader object:
+    a DataLoader made anew every epoch, or one that makes a new iterator every epoch, is still
+    the same stream of data, whose consecutive passes are worth comparing. Bounded: the oldest
+    of more than :attr:`LIMIT` is forgotten.
+    """
+
+    LIMIT = 16
+
+    def __init__(self) -> None:
+        self._passes: dict[tuple[int, tuple[bool, bool]], LoaderPasses] = {}
+
+    def passes_for(self, loader: Any) -> LoaderPasses:
+        """The counter of ``loader`` (a DataLoader, one of its iterators, or any iterable)."""
+        dataset = getattr(loader, "dataset", None) or getattr(loader, "_dataset", None) or loader
+        key = (id(dataset), loader_shuffles(loader))
+        passes = self._passes.get(key)
+        if passes is None:
+            passes = self._passes[key] = LoaderPasses(loader)
+            if len(self._passes) > self.LIMIT:
+                del self._passes[next(iter(self._passes))]
+        return passes

@@ -124,8 +124,10 @@ def _clip_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _saw_clip(params: list[torch.Tensor], result: Any) -> None:
-    """A clip over parameters without gradients, or (on the CPU, where reading it is free) whose
-    gradients were all zero: it clipped nothing."""
+    """A clip over trainable parameters without gradients, or (on the CPU, where reading it is
+    free) whose gradients were all zero: it clipped nothing. Frozen parameters never have
+    gradients, so a clip over those alone is not counted."""
+    params = [p for p in params if isinstance(p, torch.Tensor) and p.requires_grad]
     if not params:
         return
     has_gradients = any(p.grad is not None for p in params)
@@ -153,8 +155,9 @@ def _cross_entropy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _saw_classification(input: torch.Tensor, target: torch.Tensor) -> None:
     """C from the logits' shape ((N, C, ...) or (C,)); class-index targets on the CPU are counted
-    for the label prior (probability targets and device tensors are not read)."""
-    if not isinstance(input, torch.Tensor) or input.dim() == 0:
+    for the label prior (probability targets and device tensors are not read). Only a loss that
+    is being trained counts (logits that require grad): not an evaluation or a metric."""
+    if not isinstance(input, torch.Tensor) or input.dim() == 0 or not input.requires_grad:
         return
     classes = int(input.shape[1] if input.dim() >= 2 else input.shape[0])
     if classes < 2:

@@ -6,6 +6,7 @@ They read the batch fingerprints of :mod:`publisher.collect.batches` (taken on t
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,17 +16,29 @@ from publisher.detectors.base import Detector, Finding, where
 
 #: Fingerprints remembered per pass over a loader (a pass with more batches forgets the oldest).
 _REMEMBERED = 100_000
+#: Batches of a pass remembered in order, for comparing the next pass's start with them.
+_PREFIX = 64
+#: A batch with fewer values than this is too small a sample to be unique: identical ones are
+#: expected (single-sample batches of a few discrete features), and are not compared.
+MIN_VALUES = 64
+
+
+def _log_choose(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
 @dataclass
 class _Passes:
     """One loader's current pass (fingerprints, and at which batch each came first) and the
-    previous pass's fingerprints in order."""
+    start of the previous pass, in order."""
 
     epoch: int = -1
     seen: OrderedDict[int, int] = field(default_factory=OrderedDict)
     current: list[int] = field(default_factory=list)
     previous: list[int] = field(default_factory=list)
+    previous_batches: int = 0  # batches in the whole previous pass
+    batches: int = 0  # so far in this pass
+    replaying: bool = True  # this pass has matched the previous one's start so far
 
 
 class DuplicateBatches(Detector):
@@ -36,15 +49,20 @@ class DuplicateBatches(Detector):
     - **within a pass**: a batch identical to one already seen in the same pass. Every sample is
       drawn once per pass, so identical batches mean identical data: DataLoader workers seeded
       with one constant in ``worker_init_fn`` (each worker then yields the same batches: PyTorch's
-      "Randomness in multi-process data loading" notes; Tanel Pärnamaa, "Using PyTorch + NumPy? You're
-      making a mistake", 2021), or a procedural dataset that ignores the index;
-    - **across passes**, for a loader that shuffles: the first ``match`` (3) batches of a pass equal
-      the previous pass's first ``match``, in order: the shuffle is replaying (a sampler or worker
-      seed reset every epoch, ``set_epoch`` never called on a ``DistributedSampler``).
+      "Randomness in multi-process data loading" notes; Tanel Pärnamaa, "Using PyTorch + NumPy?
+      You're making a mistake", 2021), or a procedural dataset that ignores the index. Not for
+      samplers that draw with replacement (a WeightedRandomSampler oversampling a class), nor for
+      batches of fewer than :data:`MIN_VALUES` values, where identical content is expected.
+    - **across passes**, for a loader that shuffles: the new pass starts with the previous pass's
+      batches, in the same order, for long enough that chance cannot explain it (the chance that
+      a fair shuffle of N samples in batches of b repeats the first k batches is
+      1/∏ C(N - i·b, b), i < k; reported below ``chance``, 1e-9, and after ``match`` batches at
+      least): a sampler or worker seed reset every epoch, ``set_epoch`` never called on a
+      ``DistributedSampler``. On a large dataset that is the second batch of the pass; on a tiny
+      one it may never be, and a dataset smaller than a batch is never reported.
 
     Quiet on loaders that repeat by design: an unshuffled loader's passes (a validation loader)
-    are not compared, a pass of fewer than ``match`` batches (a dataset smaller than a few batches)
-    neither, and nothing is reported when the user says repeats are deliberate
+    are not compared, and nothing is reported when the user says repeats are deliberate
     (``Monitor(repeated_batches=True)``, an overfit-one-batch check). Fingerprints are a strided
     sample of the inputs, so two different batches that agree on every sampled value would count
     as one: real data essentially never does.
@@ -52,10 +70,11 @@ class DuplicateBatches(Detector):
 
     quiet_to_close = 50
 
-    def __init__(self, match: int = 3) -> None:
-        if match < 1:
-            raise ValueError("DuplicateBatches: match >= 1")
+    def __init__(self, match: int = 2, chance: float = 1e-9) -> None:
+        if match < 1 or not 0 < chance < 1:
+            raise ValueError("DuplicateBatches: match >= 1, 0 < chance < 1")
         self.match = match
+        self.log_chance = math.log(chance)
         self._loaders: dict[int, _Passes] = {}
 
     def observe_batches(self, step: int, batches: Sequence[BatchPrint]) -> Sequence[Finding]:
@@ -65,23 +84,47 @@ class DuplicateBatches(Detector):
         for batch in batches:
             passes = self._loaders.setdefault(batch.loader, _Passes())
             if batch.epoch != passes.epoch:
-                if passes.current:
-                    passes.previous = passes.current
+                if passes.batches:
+                    passes.previous, passes.previous_batches = passes.current, passes.batches
                 passes.epoch, passes.current, passes.seen = batch.epoch, [], OrderedDict()
-            first = passes.seen.get(batch.digest)
-            if first is not None:
-                findings.append(self._repeat(step, batch, first))
-            else:
-                passes.seen[batch.digest] = batch.index
-                if len(passes.seen) > _REMEMBERED:
-                    passes.seen.popitem(last=False)
-            if len(passes.current) < self.match:
+                passes.batches, passes.replaying = 0, True
+            passes.batches += 1
+            repeat = self._within_pass(passes, batch)
+            if repeat is not None:
+                findings.append(self._repeat(step, batch, repeat))
+            if len(passes.current) < _PREFIX:
                 passes.current.append(batch.digest)
-                if (batch.shuffled and len(passes.current) == self.match
-                        and passes.current == passes.previous[: self.match]):
-                    findings.append(self._replay(step, batch))
+            if batch.shuffled and self._replayed(passes, batch):
+                findings.append(self._replay(step, batch, len(passes.current)))
         return findings
 
+    @staticmethod
+    def _within_pass(passes: _Passes, batch: BatchPrint) -> int | None:
+        """The index of an earlier identical batch in this pass (None: none, or not compared)."""
+        if batch.replacement or batch.values < MIN_VALUES:
+            return None
+        first = passes.seen.get(batch.digest)
+        if first is None:
+            passes.seen[batch.digest] = batch.index
+            if len(passes.seen) > _REMEMBERED:
+                passes.seen.popitem(last=False)
+        return first
+
+    def _replayed(self, passes: _Passes, batch: BatchPrint) -> bool:
+        """Has this pass just become an improbable replay of the previous one's start?"""
+        k = len(passes.current)
+        if not passes.replaying or k > len(passes.previous) or passes.current[-1] != passes.previous[k - 1]:
+            passes.replaying = False
+            return False
+        if k < self.match:
+            return False
+        size = batch.samples
+        left = [passes.previous_batches * size - i * size for i in range(k)]  # samples left to draw from
+        log_chance = -sum(_log_choose(n, size) for n in left if n >= size)
+        if log_chance > self.log_chance:
+            return False  # a small dataset: the same order again is no surprise yet
+        passes.replaying = False  # reported once per pass
+        return True
     def _repeat(self, step: int, batch: BatchPrint, first: int) -> Finding:
         workers = f", with {batch.workers} workers" if batch.workers > 1 else ""
         return Finding(
@@ -107,15 +150,15 @@ class DuplicateBatches(Detector):
             key=("pass", batch.loader),
         )
 
-    def _replay(self, step: int, batch: BatchPrint) -> Finding:
+    def _replay(self, step: int, batch: BatchPrint, compared: int) -> Finding:
         return Finding(
             "duplicate_batches",
-            f"pass {batch.epoch} over a shuffling data loader starts with the same {self.match} batches, in "
+            f"pass {batch.epoch} over a shuffling data loader starts with the same {compared} batches, in "
             f"the same order, as the previous pass: the shuffle is replaying ({where(step, self.rank)})",
             {
                 "test": "epoch replayed",
                 "epoch": batch.epoch,
-                "batches_compared": self.match,
+                "batches_compared": compared,
                 "workers": batch.workers,
                 "shuffled": batch.shuffled,
                 "step": step,
