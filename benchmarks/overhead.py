@@ -17,8 +17,9 @@ Conditions:
   its queue is filled to the high-water mark before measuring, so the publisher is dropping for it;
 - ``full``: everything a default Monitor does: detectors, training invariants (optimizer hooks),
   per-layer samples (gradient and weight norms, update ratios, module output statistics, within
-  their default 1 % cost budget), memory readings; no viewer. Also printed for it: the per-step
-  time spent inside the sampler and the invariant checker, measured from inside.
+  their default 1 % cost budget), memory readings, the batches taken through ``track_data``
+  (timed and fingerprinted) and the watched ``cross_entropy`` call; no viewer. Also printed for
+  it: the per-step time spent inside the sampler and the invariant checker, measured from inside.
 
 Also printed: ``cpu``, the process's CPU time (every thread: publisher, detectors, GPU sampler)
 with the Monitor over without it, which other programs on a shared machine disturb less than wall
@@ -35,6 +36,7 @@ viewer sees gaps in ``seq``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import statistics
@@ -51,7 +53,15 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from publisher.collect import torch_calls
 from publisher.monitor import Monitor
+
+#: torch's own, before the Monitor's watch wraps it (for the plain arm); the monitored arm calls
+#: the wrapped one, installed here as a Monitor would.
+TORCH_CROSS_ENTROPY = nn.functional.cross_entropy
+torch_calls.install()
+#: Distinct batches each arm cycles through (``full`` fingerprints them on the way).
+BATCHES = 16
 
 #: A subscriber in its own process: connects, says "ready" once it received a message, then
 #: reads and decodes everything until terminated, and prints how many messages it read.
@@ -102,21 +112,33 @@ WARM_UP_STEPS = 300
 
 
 class Trainer:
-    """A real MLP training step on fixed synthetic data (forward, backward, Adam)."""
+    """A real MLP training step (forward, backward, Adam) over a fixed set of distinct batches.
 
-    def __init__(self, size: ModelSize) -> None:
+    ``cross_entropy`` is the function the step calls: the plain arm gets torch's own, captured
+    before any Monitor wrapped it (:mod:`publisher.collect.torch_calls`), so that the wrapper's
+    cost is on the monitored arm only.
+    """
+
+    def __init__(self, size: ModelSize, cross_entropy: Callable[..., torch.Tensor]) -> None:
         torch.manual_seed(0)
         d_in, hidden, classes = size.dims
         layers = [nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()]
         self.model = nn.Sequential(*layers, nn.Linear(hidden, classes))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
-        self.inputs = torch.randn(size.batch, d_in)
-        self.labels = torch.randint(0, classes, (size.batch,))
+        self.batches = [(torch.randn(size.batch, d_in), torch.randint(0, classes, (size.batch,)))
+                        for _ in range(BATCHES)]
         self.batch = size.batch
+        self.cross_entropy = cross_entropy
+        self.data: Iterator[tuple[torch.Tensor, torch.Tensor]] = itertools.cycle(self.batches)
+
+    def feed_through(self, mon: Monitor) -> None:
+        """Take the batches through ``mon.track_data``, one pass after another (timed, fingerprinted)."""
+        self.data = itertools.chain.from_iterable(mon.track_data(self.batches) for _ in itertools.count())
 
     def forward_backward_step(self) -> torch.Tensor:
+        inputs, labels = next(self.data)
         self.optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(self.model(self.inputs), self.labels)
+        loss = self.cross_entropy(self.model(inputs), labels)
         loss.backward()
         self.optimizer.step()
         return loss
@@ -161,13 +183,15 @@ def wait_ready(process: subprocess.Popen[str], publish: Callable[[], None]) -> N
 
 
 def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
-    plain, trainer = Trainer(size), Trainer(size)
+    plain, trainer = Trainer(size, TORCH_CROSS_ENTROPY), Trainer(size, nn.functional.cross_entropy)
     rounds = max(2, int(size.rounds * scale))
     full = condition == "full"
     with tempfile.TemporaryDirectory() as runtime:
         os.environ["TUIMON_RUNTIME_DIR"] = runtime
         mon = Monitor(trainer.model, trainer.optimizer, run=f"overhead-{condition}", gpu="simulated",
                       stats=full, invariants=full)
+        if full:
+            trainer.feed_through(mon)
         with viewer(condition, mon.endpoint) as process:
             if process is not None:
                 wait_ready(process, lambda: mon.event("checkpoint", "benchmark handshake", severity="info"))

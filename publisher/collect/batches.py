@@ -17,8 +17,7 @@ needs to tell a bug from a loader that repeats by design.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,9 +25,8 @@ import torch
 SAMPLE_ELEMENTS = 256
 
 
-@dataclass(frozen=True, slots=True)
-class BatchPrint:
-    """One batch as the duplicate check sees it."""
+class BatchPrint(NamedTuple):
+    """One batch as the duplicate check sees it (a tuple: made on the data path, every batch)."""
 
     loader: int  # which loader (stable for the loader's lifetime)
     epoch: int  # pass over the loader, from 0
@@ -43,13 +41,12 @@ class BatchPrint:
 
 def fingerprint(tensor: torch.Tensor) -> int:
     """A hash of a strided sample of a CPU tensor's values, its shape and dtype."""
-    flat = tensor.detach().reshape(-1)
-    stride = max(1, flat.numel() // SAMPLE_ELEMENTS)
     try:  # through numpy: a view and a slice, a few microseconds
-        sample = flat.numpy()[::stride][:SAMPLE_ELEMENTS].tobytes()
-    except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks: the same bytes via torch
-        sample = flat[::stride][:SAMPLE_ELEMENTS].contiguous().view(torch.uint8).numpy().tobytes()
-    return hash((tuple(tensor.shape), str(tensor.dtype), sample))
+        flat = tensor.detach().numpy().reshape(-1)
+    except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks: their bytes
+        flat = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+    stride = max(1, flat.size // SAMPLE_ELEMENTS)
+    return hash((tensor.shape, tensor.dtype, flat[::stride][:SAMPLE_ELEMENTS].tobytes()))
 
 
 def _first_tensor(batch: Any, depth: int = 0) -> torch.Tensor | None:
@@ -58,7 +55,7 @@ def _first_tensor(batch: Any, depth: int = 0) -> torch.Tensor | None:
         return batch
     if depth > 3:
         return None
-    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else ()
+    items = batch if isinstance(batch, list | tuple) else batch.values() if isinstance(batch, Mapping) else ()
     for item in items:
         found = _first_tensor(item, depth + 1)
         if found is not None:
@@ -111,11 +108,14 @@ class LoaderPasses:
         tensor = _first_tensor(batch)
         index = self.index
         self.index += 1
-        if tensor is None or tensor.device.type != "cpu" or tensor.numel() == 0:
+        if tensor is None or tensor.device.type != "cpu":
             return None
-        samples = int(tensor.shape[0]) if tensor.dim() else 1
-        return BatchPrint(self.loader_id, max(self.epoch, 0), index, fingerprint(tensor), samples,
-                          tensor.numel(), self.shuffled, self.replacement, self.workers)
+        values, shape = tensor.numel(), tensor.shape
+        if not values:
+            return None
+        samples = shape[0] if shape else 1
+        return BatchPrint(self.loader_id, max(self.epoch, 0), index, fingerprint(tensor), samples, values,
+                          self.shuffled, self.replacement, self.workers)
 
 
 class LoaderBook:

@@ -21,7 +21,6 @@ not seen: ``tuimon run`` installs them when torch is imported, before the script
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import weakref
@@ -30,11 +29,14 @@ from typing import Any
 
 import torch
 
-#: Labels counted for the label prior (on the CPU, for up to this many classes), then no more.
-LABELS_COUNTED = 100_000
+#: Calls of the loss whose labels are counted for the label prior (on the CPU, for up to
+#: :data:`MAX_COUNTED_CLASSES` classes); then the watch costs a shape read and a comparison a call.
+COUNTED_CALLS = 16
 MAX_COUNTED_CLASSES = 1024
 
-_watches: weakref.WeakSet[CallWatch] = weakref.WeakSet()
+#: The registered watches, weakly (a Monitor that is never closed does not live on through
+#: them); a tuple replaced as a whole, so that a call iterates it without copying or locking.
+_watches: tuple[weakref.ref[CallWatch], ...] = ()
 _install_lock = threading.Lock()
 _installed = False
 
@@ -48,40 +50,62 @@ class CallWatch:
         self.clips_without_gradients = 0
         self._classes: int | None = None
         self._label_counts: torch.Tensor | None = None
-        self._labels_seen = 0
+        self._counted = 0  # calls whose labels were counted
 
     def take_clips_without_gradients(self) -> int:
         """How many clip calls saw no gradient since the last call of this (the Monitor's step)."""
         count, self.clips_without_gradients = self.clips_without_gradients, 0
         return count
 
-    def saw_classes(self, classes: int, target: torch.Tensor | None) -> None:
+    def saw_classes(self, classes: int, target: Any) -> None:
+        """The trained loss scored ``classes`` classes against ``target``. Class-index labels on
+        the CPU are counted for the label prior over the first :data:`COUNTED_CALLS` calls
+        (probability targets and device tensors are not read). Tells the owner on the first
+        call and once the labels are counted."""
+        if classes == self._classes and self._counted >= COUNTED_CALLS:
+            return
         if classes != self._classes:
-            self._classes, self._label_counts, self._labels_seen = classes, None, 0
-        entropy = None
-        if target is not None and classes <= MAX_COUNTED_CLASSES and self._labels_seen < LABELS_COUNTED:
+            self._classes, self._label_counts, self._counted = classes, None, 0
+        if (not isinstance(target, torch.Tensor) or target.device.type != "cpu" or target.is_floating_point()
+                or classes > MAX_COUNTED_CLASSES):
+            self._counted = COUNTED_CALLS  # nothing to count: the prior stays unknown
+        else:
             labels = target.reshape(-1)
             labels = labels[(labels >= 0) & (labels < classes)]  # ignore_index (-100) and the like
             counts = torch.bincount(labels, minlength=classes)
             self._label_counts = counts if self._label_counts is None else self._label_counts + counts
-            self._labels_seen += int(labels.numel())
-        if self._label_counts is not None and self._labels_seen:
-            shares = self._label_counts[self._label_counts > 0].double() / self._labels_seen
-            entropy = float(-(shares * shares.log()).sum())
-        self._on_classes(classes, entropy)
+            self._counted += 1
+        if self._counted == 1 or self._counted >= COUNTED_CALLS:
+            self._on_classes(classes, self._entropy())
+
+    def _entropy(self) -> float | None:
+        """The entropy of the labels counted so far, in nats (None: none counted)."""
+        counts = self._label_counts
+        if counts is None or not int(counts.sum()):
+            return None
+        shares = counts[counts > 0].double() / counts.sum()
+        return float(-(shares * shares.log()).sum())
 
 
 def watch(on_classes: Callable[[int, float | None], None]) -> CallWatch:
     """Install the wrappers (once per process) and register a new watch; it lives as long as its
     owner keeps a reference to it."""
     install()
+    global _watches
     call_watch = CallWatch(on_classes)
-    _watches.add(call_watch)
+    with _install_lock:
+        _watches = (*_watches, weakref.ref(call_watch))
     return call_watch
 
 
 def unwatch(call_watch: CallWatch) -> None:
-    _watches.discard(call_watch)
+    global _watches
+    with _install_lock:
+        _watches = tuple(ref for ref in _watches if ref() not in (None, call_watch))
+
+
+def _live_watches() -> list[CallWatch]:
+    return [call_watch for ref in _watches if (call_watch := ref()) is not None]
 
 
 def install() -> None:
@@ -103,9 +127,8 @@ def install() -> None:
         functional.cross_entropy = _cross_entropy_wrapper(functional.cross_entropy)
 
 
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
+#: True while torch.compile traces (the watches then stay out of the graph).
+_compiling: Callable[[], bool] = torch.compiler.is_compiling
 
 
 def _clip_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,8 +138,10 @@ def _clip_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(parameters, *args, **kwargs)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         result = original(params, *args, **kwargs)
-        with contextlib.suppress(Exception):  # noting must never break the user's clipping
+        try:  # noqa: SIM105 (a plain try costs less than contextlib.suppress on every step)
             _saw_clip(params, result)
+        except Exception:  # noting must never break the user's clipping
+            pass
         return result
 
     clip._tuimon_wrapped = True  # type: ignore[attr-defined]
@@ -136,7 +161,7 @@ def _saw_clip(params: list[torch.Tensor], result: Any) -> None:
             return
         if float(result) != 0.0:
             return
-    for call_watch in list(_watches):
+    for call_watch in _live_watches():
         call_watch.clips_without_gradients += 1
 
 
@@ -145,8 +170,10 @@ def _cross_entropy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def cross_entropy(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         result = original(input, target, *args, **kwargs)
         if _watches and not _compiling():
-            with contextlib.suppress(Exception):  # noting must never break the user's loss
+            try:  # noqa: SIM105 (a plain try costs less than contextlib.suppress on every call)
                 _saw_classification(input, target)
+            except Exception:  # noting must never break the user's loss
+                pass
         return result
 
     cross_entropy._tuimon_wrapped = True  # type: ignore[attr-defined]
@@ -154,18 +181,12 @@ def _cross_entropy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _saw_classification(input: torch.Tensor, target: torch.Tensor) -> None:
-    """C from the logits' shape ((N, C, ...) or (C,)); class-index targets on the CPU are counted
-    for the label prior (probability targets and device tensors are not read). Only a loss that
-    is being trained counts (logits that require grad): not an evaluation or a metric."""
-    if not isinstance(input, torch.Tensor) or input.dim() == 0 or not input.requires_grad:
+    """C from the logits' shape ((N, C, ...) or (C,)). Only a loss that is being trained counts
+    (logits that require grad): not an evaluation or a metric."""
+    if not isinstance(input, torch.Tensor) or not input.requires_grad:
         return
-    classes = int(input.shape[1] if input.dim() >= 2 else input.shape[0])
-    if classes < 2:
-        return
-    labels = (
-        target
-        if isinstance(target, torch.Tensor) and target.device.type == "cpu" and not target.is_floating_point()
-        else None
-    )
-    for call_watch in list(_watches):
-        call_watch.saw_classes(classes, labels)
+    shape = input.shape
+    classes = shape[1] if len(shape) >= 2 else shape[0] if shape else 0
+    if classes >= 2:
+        for call_watch in _live_watches():
+            call_watch.saw_classes(classes, target)
