@@ -8,6 +8,7 @@ is discovered at a forward). Further tests pin down the checker's contract with 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import itertools
 import sys
@@ -294,3 +295,226 @@ def test_checks_spaced_out_by_their_budget_still_catch_a_fault_within_max_check_
     checker.close()
     [event] = recording.events(kind)
     assert trigger <= event["step"] <= trigger + 30 + 1, "one period plus the confirming step at most"
+
+
+# --------------------------------------------------------------------------- ties_hold
+
+VOCAB, DIM = 50, 16
+
+
+class _TinyLM(nn.Module):
+    """Embedding 50x16, a mixing layer, a linear head 16->50 whose weight is the embedding's when tied."""
+
+    def __init__(self, tied: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.mix = nn.Linear(DIM, DIM)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+
+
+def _tokens(steps: int):
+    g = torch.Generator().manual_seed(4)
+    for step in range(steps):
+        yield step, torch.randint(0, VOCAB, (8, 12), generator=g)
+
+
+def _lm_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> None:
+    optimizer.zero_grad()
+    logits = model(tokens[:, :-1])
+    nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).backward()
+    optimizer.step()
+
+
+def _loaded_on_meta() -> _TinyLM:
+    """The tied model saved as separate copies, rebuilt on the meta device, loaded with assign=True."""
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in _TinyLM().state_dict().items()}
+    with torch.device("meta"):
+        model = _TinyLM()
+    model.load_state_dict(state, assign=True)
+    assert model.head.weight is not model.embed.weight and torch.equal(model.head.weight, model.embed.weight)
+    return model
+
+
+@pytest.mark.parametrize("model_known", [True, False], ids=["model", "no-model"])
+@pytest.mark.parametrize("how", ["new_parameter", "assign_load"])
+def test_a_tie_broken_mid_run_is_reported_within_two_checked_steps(how: str, model_known: bool) -> None:
+    torch.manual_seed(0)
+    model = _TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    recording, checker = _record([optimizer], model if model_known else None)
+    trigger = 23  # between two periodic checks (every 10 steps after the first 5)
+    for step, tokens in _tokens(45):
+        if step == trigger and how == "new_parameter":
+            model.head.weight = nn.Parameter(model.head.weight.detach().clone())
+            optimizer.add_param_group({"params": [model.head.weight], "lr": 3e-3})
+        if step == trigger and how == "assign_load":
+            model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+        _lm_step(model, optimizer, tokens)
+    checker.close()
+    [event] = recording.events("tie_broken")
+    assert event["severity"] == "warning"
+    assert trigger <= event["step"] <= 40, "the first or second check after the break"
+    prefix = "" if model_known else "_TinyLM."
+    names = [prefix + "embed.weight", prefix + "head.weight"]
+    details = event["details"]
+    assert details["params"] == names and details["groups"] == [names]
+    assert details["shapes"] == {name: [VOCAB, DIM] for name in names}
+    assert details["step"] == event["step"]
+    assert details["replaced"] == (names[1:] if how == "new_parameter" else names)
+    assert details["likely_causes"] and all(isinstance(c, str) for c in details["likely_causes"])
+    assert "head.weight" in event["message"] and "separate" in event["message"]
+    assert [m["status"] for m in recording.statuses("ties_hold")][-2:] == ["ok", "violated"]
+
+
+def _train_reloaded(run: h.Run) -> None:
+    model = _loaded_on_meta()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    run.watch([optimizer], model)
+    for _, tokens in _tokens(20):
+        _lm_step(model, optimizer, tokens)
+
+
+@pytest.mark.parametrize("model_known", [True, False], ids=["model", "no-model"])
+def test_a_tie_lost_when_loading_on_the_meta_device_is_reported_within_two_steps(model_known: bool) -> None:
+    case = h.Case("tie_lost_on_load", _train_reloaded, expect=("tie_broken",), trigger=0, within=2)
+    [recording] = h.run_case(case, model_known=model_known)
+    verdict = h.judge(case, [recording])
+    assert verdict.passed, verdict.problems
+    [event] = recording.events("tie_broken")
+    assert event["step"] <= 2  # Monitor steps count from 1
+    details = event["details"]
+    prefix = "" if model_known else "_TinyLM."
+    names = [prefix + "embed.weight", prefix + "head.weight"]
+    assert details["params"] == names and details["pairs"] == [names]
+    assert details["modules"] == {names[0]: "Embedding", names[1]: "Linear"}
+    assert details["shapes"] == {name: [VOCAB, DIM] for name in names}
+    assert details["identical_at_step"] <= details["differ_at_step"] == details["step"]
+    assert any("assign=True" in cause for cause in details["likely_causes"])
+    final = h.final_statuses(recording)["ties_hold"]
+    assert final["status"] == "violated" and "bit-identical" in final["message"]
+
+
+def test_a_properly_tied_model_stays_ok() -> None:
+    torch.manual_seed(0)
+    model = _TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    recording, checker = _record([optimizer], model)
+    for _, tokens in _tokens(40):
+        _lm_step(model, optimizer, tokens)
+    checker.close()
+    assert not recording.events("tie_broken")
+    status = checker.statuses()["ties_hold"]
+    assert status["status"] == "ok" and "embed.weight = head.weight" in status["message"]
+    assert status["step"] >= 30  # still checked after the dense first steps
+    assert [m["status"] for m in recording.statuses("ties_hold")] == ["unchecked", "ok"]
+
+
+class _Pair(nn.Module):
+    """An embedding and a linear layer of the same shape, both initialised to ``fill``, both trained."""
+
+    def __init__(self, fill: float) -> None:
+        super().__init__()
+        self.base = nn.Embedding(VOCAB, DIM)
+        self.embed = nn.Embedding(DIM, DIM)
+        self.proj = nn.Linear(DIM, DIM)
+        self.out = nn.Linear(DIM, VOCAB)
+        with torch.no_grad():
+            self.embed.weight.fill_(fill)
+            self.proj.weight.fill_(fill)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.base(tokens) + self.embed(tokens % DIM)
+        return self.out(torch.tanh(self.proj(x)))
+
+
+class _WarmStarted(nn.Module):
+    """Two layers of one kind, the second initialised as a copy of the first, trained on their own."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.layer1 = nn.Linear(DIM, DIM)
+        if how == "state_dict":
+            self.layer2 = nn.Linear(DIM, DIM)
+            self.layer2.load_state_dict(self.layer1.state_dict())
+        elif how == "deepcopy":
+            self.layer2 = copy.deepcopy(self.layer1)
+        else:  # a subclass of the same kind (MultiheadAttention's out_proj class)
+            self.layer2 = nn.modules.linear.NonDynamicallyQuantizableLinear(DIM, DIM)
+            self.layer2.load_state_dict(self.layer1.state_dict())
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.layer2(torch.tanh(self.layer1(self.embed(tokens))))))
+
+
+def _lookalike(name: str) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer, str]:
+    """(model to watch, module to train, optimizer, what the status should be) for each look-alike."""
+    torch.manual_seed(0)
+    if name == "target_head_not_in_optimizer":
+        # A frozen teacher readout initialised from the embedding (other kind, identical at the start),
+        # moved by an average, in no optimizer, requires_grad left on.
+        online = _TinyLM(tied=False)
+        target = nn.Linear(DIM, VOCAB, bias=False)
+        target.weight.data.copy_(online.embed.weight)
+        model = nn.ModuleDict({"online": online, "ema": nn.ModuleDict({"head": target})})
+        return model, online, torch.optim.AdamW(online.parameters(), lr=1e-2), "unchecked"
+    if name.startswith("ema"):
+        online = _TinyLM()
+        ema = copy.deepcopy(online)  # its embed and head: identical to online.embed, of other kinds
+        if name != "ema_trainable_not_in_optimizer":  # that one keeps requires_grad=True
+            ema.requires_grad_(False)
+        model = nn.ModuleDict({"online": online, "ema": ema})
+        params = model.parameters() if name == "ema_frozen_in_optimizer" else online.parameters()
+        return model, online, torch.optim.AdamW(params, lr=1e-2), "ok"
+    if name.startswith("fill"):
+        model = _Pair(0.0 if name == "fill_zeros" else 0.1)
+        return model, model, torch.optim.AdamW(model.parameters(), lr=1e-2), "unchecked"
+    model = _WarmStarted(name.removeprefix("warm_start_"))
+    return model, model, torch.optim.AdamW(model.parameters(), lr=1e-2), "unchecked"
+
+
+@pytest.mark.parametrize("model_known", [True, False], ids=["model", "no-model"])
+@pytest.mark.parametrize("name", ["ema_not_in_optimizer", "ema_trainable_not_in_optimizer",
+                                  "ema_frozen_in_optimizer", "target_head_not_in_optimizer", "fill_zeros",
+                                  "fill_constant", "warm_start_state_dict", "warm_start_deepcopy",
+                                  "warm_start_subclass"])
+def test_parameters_that_only_look_tied_stay_quiet(name: str, model_known: bool) -> None:
+    model, trained, optimizer, expected = _lookalike(name)
+    recording, checker = _record([optimizer], model if model_known else None)
+    for _, tokens in _tokens(25):
+        _lm_step(trained, optimizer, tokens)
+        if name.startswith("ema"):
+            with torch.no_grad():
+                for online, target in zip(model.online.parameters(), model.ema.parameters(), strict=True):
+                    target.lerp_(online, 0.1)
+        if name.startswith("target"):
+            with torch.no_grad():
+                model.ema.head.weight.lerp_(model.online.head.weight, 0.1)
+    checker.close()
+    assert not recording.events("tie_broken")
+    status = checker.statuses()["ties_hold"]
+    assert "violated" not in [m["status"] for m in recording.statuses("ties_hold")]
+    if model_known or not name.startswith(("ema", "target")):  # without a model: the trained part only
+        assert status["status"] == expected, status
+    if expected == "unchecked":
+        assert "nothing to check" in status["message"]
+    if name.startswith("fill") or (model_known and name.startswith("target")):  # compared, ruled out
+        assert "same-shape matrix pairs" in status["message"]
+
+
+def test_without_ties_or_look_alikes_the_status_says_there_is_nothing_to_check() -> None:
+    model = h.mlp((8, 32, 32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    recording, checker = _record([optimizer], model)
+    for _, batch in h.batches(12):
+        h.train_step(model, optimizer, batch)
+    checker.close()
+    [status] = recording.statuses("ties_hold")  # known from the start: no message changes
+    assert status["status"] == "unchecked" and "nothing to check" in status["message"]

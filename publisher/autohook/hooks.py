@@ -3,8 +3,9 @@
 ``tuimon run`` puts ``publisher/autohook/_autostart`` on ``PYTHONPATH``; its ``sitecustomize`` calls
 :func:`install` in every Python process of the job (the launcher, ``torchrun`` workers, children
 of ``torch.multiprocessing.spawn``). Nothing happens until the program imports torch, and no
-Monitor exists until an optimizer steps, so processes that never train (a launcher, DataLoader
-workers, a helper script) publish nothing.
+Monitor exists until an optimizer steps (it starts as the first ``step()`` begins, so that its
+checks see the parameters before any update), so processes that never train (a launcher,
+DataLoader workers, a helper script) publish nothing.
 
 What is hooked, all through public PyTorch extension points or thin wrappers:
 
@@ -114,6 +115,19 @@ class _Session:
         self.primary = optimizer
         self.optimizers.append(optimizer)
 
+    def before_optimizer_step(self, optimizer: Any) -> None:
+        """The first outermost step starts the Monitor *before* the optimizer moves anything: its
+        checks then see the parameters as loaded (two copies of a tied weight still equal)."""
+        if self.monitor is None and not self.failed:
+            try:
+                self.start_monitor(optimizer)
+            except Exception as exc:  # never break the user's training because of telemetry
+                self.stop(exc)
+
+    def stop(self, exc: Exception) -> None:
+        self.failed = True
+        log.warning("tuimon: zero-code monitoring stopped (%s: %s)", type(exc).__name__, exc)
+
     def after_optimizer_step(self, optimizer: Any) -> None:
         if self.failed:
             return
@@ -132,8 +146,7 @@ class _Session:
                 self.monitor.note_batch(*self.batches.popleft())
             self.monitor.step(loss, samples=samples, data_time=data_time)
         except Exception as exc:  # never break the user's training because of telemetry
-            self.failed = True
-            log.warning("tuimon: zero-code monitoring stopped (%s: %s)", type(exc).__name__, exc)
+            self.stop(exc)
 
     def _take_loss(self) -> Any:
         losses = list(self.losses)
@@ -160,6 +173,8 @@ def _instrument(torch: ModuleType) -> None:
 
     def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         _session.depth += 1
+        if _session.depth == 1:
+            _session.before_optimizer_step(optimizer)
 
     def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         _session.depth -= 1

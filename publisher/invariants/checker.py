@@ -9,6 +9,8 @@ Hooks it installs, all removed by :meth:`InvariantChecker.close`:
 * A forward pre-hook on each root module, only during sampled steps (train/eval mode); with no
   model, a global module forward pre-hook during a few sampled steps to discover the roots.
 
+The tie check (``ties_hold``) installs nothing: it looks at the model from the optimizer hooks.
+
 Steps: the checker counts optimizer steps itself, 0-based. An event's ``step`` is the index of the
 optimizer step it was observed at; with several optimizers, the largest index so far (a GAN's D
 and G steps of one iteration share a number).
@@ -38,6 +40,7 @@ from publisher.invariants.learning_rate import ZeroLrCheck
 from publisher.invariants.ownership import OwnershipCheck
 from publisher.invariants.replicas import ReplicaCheck
 from publisher.invariants.step_effect import StepEffectCheck
+from publisher.invariants.ties import TieCheck
 from publisher.invariants.train_mode import TrainModeCheck
 from publisher.stats.discovery import RootDiscovery
 from publisher.stats.hooks import Check
@@ -103,14 +106,15 @@ class InvariantChecker:
                            if on("optimizer_owns_trainables") else None)
         self._replicas = (ReplicaCheck(self._board, self.config, process_group, self._replica_params,
                                        self._namer) if on("replicas_consistent") else None)
+        self._ties = TieCheck(self._board, self.config, self._pending) if on("ties_hold") else None
         self._discovery = None
-        if model is None and (self._train_mode or self._ownership):
+        if model is None and (self._train_mode or self._ownership or self._ties):
             self._discovery = RootDiscovery(Schedule(self.config.dense_steps, self.config.check_every),
                                             self._owned_ids, partial(self._adopt, discovered=True))
         if model is not None:
             self._adopt(model)
         self._announce(model)
-        for check in (self._train_mode, self._ownership, self._replicas, self._discovery):
+        for check in (self._train_mode, self._ownership, self._replicas, self._ties, self._discovery):
             if check is not None:
                 check.meter = self._meter
         for optimizer in optimizers:
@@ -141,6 +145,8 @@ class InvariantChecker:
         watch.handles = [optimizer.register_step_pre_hook(partial(self._before_step, watch)),
                          optimizer.register_step_post_hook(partial(self._after_step, watch))]
         self._watches[id(optimizer)] = watch
+        if self._ties is not None:
+            self._ties.optimizers_changed()
         if self._discovery is not None:
             self._discovery.restart()
             self._global_quiet_until = 0
@@ -196,6 +202,10 @@ class InvariantChecker:
 
     def _before(self, watch: _Watch, args: tuple, kwargs: dict) -> None:
         index = watch.watched.count
+        ties = self._ties
+        if ties is not None and ties.wants_values and not ties.dead:
+            with torch.no_grad():  # before the step moves anything: the values the run starts from
+                self._run(ties, ties.before_step, self._owned_ids(), self._step_of(watch))
         if index < watch.quiet_until:
             self._drain()
             return
@@ -262,6 +272,8 @@ class InvariantChecker:
             watch.schedule.retime(every, watch.watched.count)
         if self._train_mode is not None:
             self._train_mode.schedule.retime(every, self._steps_done)
+        if self._ties is not None:
+            self._ties.schedule.retime(every, self._steps_done)
 
     def _plan_quiet(self, watch: _Watch, index: int) -> None:
         """Work out how many coming steps need no work, so their hooks return at once.
@@ -290,6 +302,8 @@ class InvariantChecker:
             marks.append(upcoming + 1 if discovery.armed else discovery.schedule.next_due(upcoming + 1))
         if owned is not None:
             marks.append(owned.next_due(upcoming))
+        if self._ties is not None and not self._ties.dead:
+            marks.append(self._ties.next_due(upcoming))
         self._global_quiet_until = min(marks)
 
     def _drain(self) -> None:
@@ -327,6 +341,10 @@ class InvariantChecker:
         if discovery is not None and not discovery.finished and (
                 discovery.armed or discovery.schedule.due(upcoming)):
             self._run(discovery, discovery.after_step, upcoming)
+        ties = self._ties
+        if ties is not None and not ties.dead and ties.due(upcoming - 1):
+            with torch.no_grad():
+                self._run(ties, ties.after_step, upcoming - 1, step)
 
     # ----------------------------------------------------------------- internals
 
@@ -350,6 +368,7 @@ class InvariantChecker:
             if model is not None else no_model,
             "frozen_stay_frozen": "waiting for a step of an optimizer that owns parameters with "
                                   "requires_grad=False",
+            "ties_hold": "waiting for the first optimizer step" if model is not None else no_model,
         }
         for name in INVARIANT_NAMES:
             self._board.start(name, waiting[name])
@@ -383,6 +402,11 @@ class InvariantChecker:
         if self._ownership is not None and self._discovery is not None:
             self._board.idle_message("optimizer_owns_trainables",
                                      f"checked after {self.config.grad_window} optimizer steps")
+        if self._ties is not None:
+            self._run(self._ties, self._ties.set_roots, list(self._roots))
+            for watch in self._watches.values():  # the next pre-step hook compares the new root's values
+                watch.quiet_until = 0
+            self._global_quiet_until = 0
 
     def _owned_ids(self) -> set[int]:
         owned: set[int] = set()

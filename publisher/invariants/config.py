@@ -18,6 +18,7 @@ KIND_OF: dict[str, str] = {
     "replicas_consistent": "replica_divergence",
     "optimizer_owns_trainables": "unowned_parameters",
     "frozen_stay_frozen": "frozen_param_changed",
+    "ties_hold": "tie_broken",
 }
 INVARIANT_NAMES: tuple[str, ...] = tuple(KIND_OF)
 

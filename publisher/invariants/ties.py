@@ -1,0 +1,476 @@
+"""Parameters meant to be one tensor stay one tensor (``ties_hold``).
+
+Weight tying makes two module attributes hold the *same* ``nn.Parameter``: a language model's output
+projection reuses its input embedding (``head.weight = embed.weight``; Press & Wolf, "Using the
+Output Embedding to Improve Language Models", https://arxiv.org/abs/1608.05859; Hugging Face's
+``PreTrainedModel.tie_weights``, https://huggingface.co/docs/transformers/main_classes/model). Such
+a parameter appears once in ``model.parameters()`` and under both names in
+``named_parameters(remove_duplicate=False)``. A tie that comes apart raises no error: the two halves
+train separately, the model has more free weights than designed and quietly trains worse. Two ways
+it happens, both caught here:
+
+1. **A tie that breaks during training.** Names that were one tensor when first seen now resolve to
+   different tensors: one side re-created with ``nn.Parameter(...)`` or its module replaced, a
+   ``load_state_dict(..., assign=True)`` (which puts the checkpoint's tensors in place of the
+   parameters instead of copying into them, https://pytorch.org/docs/stable/generated/torch.nn.Module.html
+   #torch.nn.Module.load_state_dict), embeddings resized without re-tying. Found by identity, with no
+   tensor work at all: each tied name is looked up through its module path on every check.
+2. **A tie lost before training started.** A model built on the meta device
+   (https://pytorch.org/docs/stable/meta.html) and loaded with ``load_state_dict(state, assign=True)``
+   from a checkpoint that holds the tied tensors as separate copies (a cloned state dict; formats that
+   cannot store shared tensors, https://huggingface.co/docs/safetensors/torch_shared_tensors) gets two
+   parameters with the same values where the design had one. No identity was ever seen, so it is
+   recognised by values and structure: a *designed-tied* pair is two parameters that
+
+   * are both trained: owned by a watched optimizer and ``requires_grad`` (an EMA or target network
+     copied from the online one is not trained by an optimizer: quiet);
+   * are floating-point matrices (2-D or more) of the same shape, dtype and device (ties join weight
+     matrices; vectors such as biases, norm scales or frequencies are often initialised
+     deterministically and alike);
+   * are bit-identical when first seen, before the first optimizer step the checker watches (full
+     equality, once), and not a constant pattern: a strided sample with at most two distinct values
+     (zeros, ones, any all-equal fill, identity, 0/1 masks) is an initialisation, not a tie;
+   * sit in modules of different kinds (no class of the modules holding one is a class, subclass or
+     base of those holding the other), such as ``nn.Embedding`` and ``nn.Linear``, which is how a
+     tied input embedding and output projection look. A module initialised as a copy of another of
+     the same kind (``layer2.load_state_dict(layer1.state_dict())``, ``copy.deepcopy``, a subclass
+     such as MultiheadAttention's ``NonDynamicallyQuantizableLinear`` loaded from a ``Linear``) is a
+     warm start, trained on its own on purpose: quiet.
+
+   Names never decide: hints (embed/wte/lm_head/decoder/output/vocab/tok...) and embedding modules
+   only put likely pairs first (which matters past ``_MAX_PAIRS``) and word the message ("an input
+   embedding and an output projection"). The pair is reported as soon as the two differ after a
+   training step, i.e. at the first or second checked step.
+
+   Not caught: tied pairs of the *same* module kind lost at load time (an encoder's and a decoder's
+   ``nn.Embedding``), which look exactly like a warm start; and any pair when the checker starts
+   after the first optimizer step, as in zero-code mode (``tuimon run`` builds the Monitor after
+   the first ``step()``): the values are already apart when first seen. Ties that break later are
+   caught in every mode. A deliberate copy across kinds (an output layer initialised from the
+   embedding and meant to train apart) is reported: disable ``ties_hold`` for such a model.
+
+When and what it costs: the module tree is walked (Python only) when a root is adopted and once
+more at the first optimizer pre-step hook after it (or after an optimizer is added); that pre-step
+hook also compares the candidate pairs (at most ``_MAX_PAIRS``), in full, once: on an accelerator on
+the device (``!=`` in chunks of ``2**24`` elements, read back later), on the CPU with ``torch.equal``
+where a strided sample already matches (~50 ms for GPT-2's 50257x768 embedding). Then, on the
+checker's schedule (every step for the first ``dense_steps``, then every ``check_every`` steps as the
+budget stretches it), from the optimizer post-step hooks: one module-path lookup per tied name, and for
+each designed-tied pair still identical one ``!=`` on ``probe_elements`` strided elements; the verdicts
+are one small tensor read back through :class:`~publisher.invariants.core.PendingResults` (no
+host-device synchronisation). No hook of its own, nothing when there is nothing to check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+
+from publisher.collect.budget import Schedule
+from publisher.detectors.base import name_list
+from publisher.invariants.config import InvariantConfig
+from publisher.invariants.core import PendingResults, StatusBoard
+from publisher.stats.hooks import Check
+from publisher.stats.tensors import flat_sample, sample_stride, stack_on
+
+TIES = "ties_hold"
+
+#: At most this many same-shape pairs are compared at the start (likely embedding pairs first).
+_MAX_PAIRS = 64
+#: Elements compared at once by the full equality at the start (bounds the temporary memory).
+_CHUNK = 1 << 24
+#: Name fragments of input embeddings and output projections (wording and ordering only).
+_HINTS = ("embed", "wte", "lm_head", "decoder", "output", "vocab", "tok", "word", "unembed", "logit")
+_EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
+_NEVER = 1 << 62
+
+_BROKEN_CAUSES = [
+    "one side re-created with nn.Parameter(...) (or its module replaced) after the tie was made",
+    "load_state_dict(..., assign=True): assign puts the checkpoint's tensors in place of the parameters, "
+    "so names that shared one get separate tensors (tie again afterwards, e.g. Hugging Face's "
+    "model.tie_weights())",
+    "embeddings resized (e.g. resize_token_embeddings) without re-tying the output projection",
+    "a checkpoint that holds the tied tensors as separate copies, loaded with assign=True",
+]
+_LOST_CAUSES = [
+    "the model was built on the meta device (or with initialisation skipped) and loaded with "
+    "load_state_dict(..., assign=True): the tie made in __init__ is replaced by the checkpoint's two "
+    "tensors (tie again after loading, e.g. Hugging Face's model.tie_weights())",
+    "the checkpoint holds the tied tensors as separate copies (a cloned state dict, or a format that "
+    "cannot store shared tensors)",
+    "one side re-created with nn.Parameter(...) from a copy of the other",
+    "embeddings resized (e.g. resize_token_embeddings) without re-tying the output projection",
+]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a parameter lives: its full name and the (root, module path, attribute) that hold it."""
+
+    name: str
+    root: nn.Module
+    path: str
+    attr: str
+    kind: type
+
+    def current(self) -> torch.Tensor | None:
+        """The tensor this name holds now (None when the module or the attribute is gone)."""
+        try:
+            module = self.root.get_submodule(self.path) if self.path else self.root
+        except AttributeError:
+            return None
+        return module._parameters.get(self.attr)
+
+
+@dataclass
+class _Tie:
+    """Names that held one tensor when first seen."""
+
+    slots: list[_Slot]
+    ident: int  # id() of the shared tensor when last seen whole (wording only: which side changed)
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return tuple(slot.name for slot in self.slots)
+
+
+@dataclass
+class _Twins:
+    """Two separate parameters that looked designed-tied: identical at ``since``."""
+
+    a: _Slot
+    b: _Slot
+    since: int
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.a.name, self.b.name)
+
+
+def _walk(roots: Sequence[tuple[str, nn.Module]]) -> dict[int, tuple[torch.Tensor, list[_Slot]]]:
+    """Every parameter of the roots with every name it has (ties give a parameter several)."""
+    found: dict[int, tuple[torch.Tensor, list[_Slot]]] = {}
+    for prefix, root in roots:
+        for path, module in root.named_modules(remove_duplicate=False):
+            for attr, param in module._parameters.items():
+                if param is None:
+                    continue
+                name = f"{prefix}{path}.{attr}" if path else f"{prefix}{attr}"
+                slots = found.setdefault(id(param), (param, []))[1]
+                if all(slot.name != name for slot in slots):
+                    slots.append(_Slot(name, root, path, attr, type(module)))
+    return found
+
+
+def _related(a: type, b: type) -> bool:
+    return issubclass(a, b) or issubclass(b, a)
+
+
+def _hinted(slot: _Slot) -> bool:
+    return issubclass(slot.kind, _EMBEDDINGS) or any(h in slot.name.lower() for h in _HINTS)
+
+
+def _shape(param: torch.Tensor | None) -> list[int] | None:
+    try:
+        return None if param is None else list(param.shape)
+    except (RuntimeError, ValueError):  # a parameter without a shape yet (lazy modules)
+        return None
+
+
+def _size(param: torch.Tensor) -> str:
+    shape = _shape(param)
+    return "?" if shape is None else "x".join(map(str, shape)) or "scalar"
+
+
+def _pairs(found: dict[int, tuple[torch.Tensor, list[_Slot]]], eligible: set[int]
+           ) -> list[tuple[_Slot, _Slot, torch.Tensor, torch.Tensor]]:
+    """Same-shape matrices in modules of different kinds (candidates for a lost tie), likely first.
+
+    A parameter's kinds are the classes of every module holding it (an already tied one has two); two
+    parameters are of different kinds when no class of one is a class, subclass or base of the other's.
+    """
+    groups: dict[tuple, dict[frozenset[type], list[tuple[torch.Tensor, _Slot]]]] = {}
+    for key in eligible:
+        param, slots = found[key]
+        by_kind = groups.setdefault((tuple(param.shape), param.dtype, param.device), {})
+        by_kind.setdefault(frozenset(slot.kind for slot in slots), []).append((param, slots[0]))
+    pairs = []
+    for by_kind in groups.values():
+        for kinds_a, kinds_b in itertools.combinations(by_kind, 2):
+            if any(_related(a, b) for a in kinds_a for b in kinds_b):
+                continue
+            for (pa, sa), (pb, sb) in itertools.product(by_kind[kinds_a], by_kind[kinds_b]):
+                (sa, pa), (sb, pb) = sorted(((sa, pa), (sb, pb)), key=lambda m: m[0].name)
+                pairs.append((sa, sb, pa, pb))
+    pairs.sort(key=lambda p: (not (_hinted(p[0]) or _hinted(p[1])), p[0].name, p[1].name))
+    return pairs
+
+
+def _trainable_matrices(found: dict[int, tuple[torch.Tensor, list[_Slot]]]) -> set[int]:
+    return {key for key, (param, _) in found.items() if param.requires_grad and _matrix(param)}
+
+
+def _matrix(param: torch.Tensor) -> bool:
+    """A plain floating-point matrix with values to compare.
+
+    Tensor subclasses are left out: a ``DTensor`` (FSDP2, tensor parallel) would turn a comparison
+    into a collective, and a lazy module's ``UninitializedParameter`` has no shape yet.
+    """
+    return (type(param) in (torch.Tensor, nn.Parameter) and param.is_floating_point() and param.dim() >= 2
+            and param.numel() > 0 and param.device.type != "meta")
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Are two same-shape tensors bit-identical? A 0-dim bool on their device (no host sync)."""
+    rows = max(1, _CHUNK // max(1, a[0].numel()))
+    parts = [(x != y).any() for x, y in zip(a.detach().split(rows), b.detach().split(rows), strict=True)]
+    return ~(torch.stack(parts).any() if len(parts) > 1 else parts[0])
+
+
+def _varied(sample: torch.Tensor) -> torch.Tensor:
+    """More than two distinct values in the sample (not a constant, identity or 0/1 pattern)."""
+    return ~((sample == sample.min()) | (sample == sample.max())).all()
+
+
+class TieCheck(Check):
+    """Tied parameters stay one tensor; designed-tied pairs (separate but identical at the start) stay
+    identical. Called by the checker from its optimizer hooks."""
+
+    names = (TIES,)
+
+    def __init__(self, board: StatusBoard, config: InvariantConfig, pending: PendingResults) -> None:
+        self._board = board
+        self._pending = pending
+        self._limit = config.probe_elements
+        self.schedule = Schedule(config.dense_steps, config.check_every)
+        self._roots: list[tuple[str, nn.Module]] = []
+        self._ties: dict[tuple[str, ...], _Tie] = {}
+        self._twins: dict[tuple[str, str], _Twins] = {}
+        self._drifted: dict[tuple[str, str], _Twins] = {}
+        # Parameters already compared at a start (by id, with a weak reference against id reuse).
+        self._considered: dict[int, weakref.ref] = {}
+        self._candidates = 0  # same-shape pairs in different module kinds at the last look
+        self._last = -1
+        #: The next optimizer pre-step hook should look at the values (roots or optimizers changed).
+        self.wants_values = False
+
+    # ----------------------------------------------------------------- the checker's calls
+
+    def set_roots(self, roots: list[tuple[str, nn.Module]]) -> None:
+        """(Re)read the model's structure: the ties it has now and whether any pair could be one."""
+        self._roots = roots
+        found = _walk(roots)
+        self._add_ties(found)
+        self._candidates = len(_pairs(found, _trainable_matrices(found)))
+        self.wants_values = bool(roots)
+        if self._ties or self._candidates:
+            self._board.idle_message(TIES, "waiting for the first optimizer step")
+        else:
+            self._board.idle_message(TIES, self._nothing())
+
+    def optimizers_changed(self) -> None:
+        """An optimizer was added: its parameters may form pairs not looked at yet."""
+        self.wants_values = bool(self._roots)
+
+    def before_step(self, owned: set[int], step: int) -> None:
+        """Called at an optimizer pre-step hook while :attr:`wants_values`: ties seen now, and the
+        start comparison of the candidate pairs (before the step moves them)."""
+        self.wants_values = False
+        found = _walk(self._roots)
+        self._add_ties(found)
+        trainable = _trainable_matrices(found)
+        self._candidates = len(_pairs(found, trainable))
+        eligible = trainable & owned
+        pairs = [pair for pair in _pairs(found, eligible) if (pair[0].name, pair[1].name) not in self._twins
+                 and not (self._seen(pair[2]) and self._seen(pair[3]))]
+        for key in eligible:
+            self._considered[key] = weakref.ref(found[key][0])
+        on_host: list[tuple[_Slot, _Slot]] = []
+        kept: list[tuple[_Slot, _Slot]] = []
+        verdicts: list[torch.Tensor] = []
+        for slot_a, slot_b, a, b in pairs[:_MAX_PAIRS]:
+            stride = sample_stride(a.numel(), self._limit)
+            sample_a, sample_b = flat_sample(a, stride), flat_sample(b, stride)
+            if a.device.type == "cpu":  # read at once: the sample first, the full comparison if it matches
+                if torch.equal(sample_a, sample_b) and torch.equal(a, b) and bool(_varied(sample_a)):
+                    on_host.append((slot_a, slot_b))
+                continue
+            kept.append((slot_a, slot_b))
+            verdicts.append(torch.stack([_equal(a, b), _varied(sample_a)]))
+        if on_host or not verdicts:  # (with verdicts on their way, "nothing to check" would be early)
+            self._found(on_host, step, torch.ones(len(on_host), 2))
+        if verdicts:
+            verdict = stack_on(verdicts, verdicts[0].device).float()
+            self._pending.add(self, verdict, partial(self._found, kept, step))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to look at on the post-step checks."""
+        return not self._ties and not self._twins
+
+    def due(self, index: int) -> bool:
+        return index != self._last and not self.idle and self.schedule.due(index)
+
+    def next_due(self, upcoming: int) -> int:
+        """The smallest step count ``c`` (> ``upcoming``) with ``due(c - 1)``, huge when idle."""
+        return _NEVER if self.idle else self.schedule.next_due(upcoming) + 1
+
+    def after_step(self, index: int, step: int) -> None:
+        """Called when :meth:`due`, after the optimizer step of index ``index``."""
+        self._last = index
+        self._check_ties(step)
+        self._check_twins(step)
+
+    # ----------------------------------------------------------------- ties (identity)
+
+    def _add_ties(self, found: dict[int, tuple[torch.Tensor, list[_Slot]]]) -> None:
+        for key, (_, slots) in found.items():
+            if len(slots) > 1:
+                tie = _Tie(slots, key)
+                self._ties.setdefault(tie.key, tie)
+                for a, b in itertools.combinations(tie.key, 2):  # now one tensor: nothing to compare
+                    self._twins.pop((a, b), None)
+                    self._twins.pop((b, a), None)
+
+    def _check_ties(self, step: int) -> None:
+        if not self._ties:
+            return
+        broken: list[tuple[_Tie, list[tuple[_Slot, torch.Tensor]]]] = []
+        for key, tie in list(self._ties.items()):
+            present = [(slot, p) for slot in tie.slots if (p := slot.current()) is not None]
+            if len(present) < 2:  # a side was removed from the model: nothing tied any more
+                del self._ties[key]
+                continue
+            if len({id(p) for _, p in present}) > 1:
+                broken.append((tie, present))
+            else:
+                tie.ident = id(present[0][1])
+        if broken:
+            self._report_broken(step, broken)
+        elif self._ties:
+            groups = "; ".join(" = ".join(key) for key in list(self._ties)[:3])
+            more = f" and {len(self._ties) - 3} more" if len(self._ties) > 3 else ""
+            count = ("the tied parameters are still one tensor" if len(self._ties) == 1
+                     else f"{len(self._ties)} tied parameter groups are still one tensor each")
+            self._board.report(TIES, "ties", "ok", step, f"{count}: {groups}{more}")
+        else:
+            self._board.report(TIES, "ties", "unchecked", step, "")
+            self._settle_idle()
+
+    def _report_broken(self, step: int, broken: list[tuple[_Tie, list[tuple[_Slot, torch.Tensor]]]]) -> None:
+        names: list[str] = []
+        replaced: list[str] = []
+        shapes: dict[str, list[int] | None] = {}
+        parts = []
+        for tie, present in broken:
+            tensors = len({id(p) for _, p in present})
+            names += [slot.name for slot, _ in present]
+            moved = [slot.name for slot, p in present if id(p) != tie.ident]
+            replaced += moved
+            shapes.update({slot.name: _shape(p) for slot, p in present})
+            which = f" ({name_list(moved)} replaced)" if moved and len(moved) < len(present) else ""
+            parts.append(f"{' and '.join(slot.name for slot, _ in present)} are now {tensors} separate "
+                         f"tensors{which}")
+        message = ("parameters tied into one tensor have come apart and now train separately: "
+                   + "; ".join(parts))
+        details = {"params": names[:50], "shapes": shapes, "replaced": replaced[:50], "step": step,
+                   "groups": [list(tie.key) for tie, _ in broken][:20], "likely_causes": _BROKEN_CAUSES}
+        self._board.violation(TIES, "ties", step, message, details, [tie.key for tie, _ in broken])
+
+    # ----------------------------------------------------------------- designed-tied pairs (values)
+
+    def _seen(self, param: torch.Tensor) -> bool:
+        ref = self._considered.get(id(param))
+        return ref is not None and ref() is param
+
+    def _found(self, pairs: list[tuple[_Slot, _Slot]], step: int, verdict: torch.Tensor) -> None:
+        """The start comparison arrived: identical, varied pairs become twins to watch."""
+        values = verdict.reshape(-1, 2).tolist()
+        for (slot_a, slot_b), (equal, varied) in zip(pairs, values, strict=True):
+            if equal and varied:
+                twins = _Twins(slot_a, slot_b, step)
+                self._twins.setdefault(twins.key, twins)
+        self._settle_idle()
+
+    def _settle_idle(self) -> None:
+        if not self._ties and not self._twins and not self._drifted:
+            self._board.idle_message(TIES, self._nothing())
+
+    def _nothing(self) -> str:
+        if self._candidates:
+            return (f"no tied parameters, and none of the {self._candidates} same-shape matrix pairs in "
+                    "modules of different kinds was trained by an optimizer and identical (not constant) "
+                    "at the start: nothing to check")
+        return ("no tied parameters, and no two trainable matrices of the same shape in modules of "
+                "different kinds (as an embedding and an output projection): nothing to check")
+
+    def _check_twins(self, step: int) -> None:
+        if not self._twins:
+            return
+        apart: list[_Twins] = []
+        compared: list[_Twins] = []
+        diffs: list[torch.Tensor] = []
+        for key, twins in list(self._twins.items()):
+            a, b = twins.a.current(), twins.b.current()
+            if a is None or b is None:
+                del self._twins[key]  # a side was removed from the model
+            elif a is b:
+                del self._twins[key]  # tied again (e.g. tie_weights() after the first step)
+                tie = _Tie([twins.a, twins.b], id(a))
+                self._ties.setdefault(tie.key, tie)
+            elif a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+                apart.append(twins)
+            else:
+                stride = sample_stride(a.numel(), self._limit)
+                compared.append(twins)
+                diffs.append((flat_sample(a, stride) != flat_sample(b, stride)).any())
+        if not diffs:
+            self._judge_twins([], step, apart, None)
+            return
+        verdict = stack_on(diffs, diffs[0].device).float()
+        self._pending.add(self, verdict, partial(self._judge_twins, compared, step, apart))
+
+    def _judge_twins(self, compared: list[_Twins], step: int, apart: list[_Twins],
+                     verdict: torch.Tensor | None) -> None:
+        differ = list(apart)
+        if verdict is not None:
+            differ += [t for t, d in zip(compared, verdict.tolist(), strict=True) if d]
+        for twins in differ:
+            if self._twins.pop(twins.key, None) is not None:
+                self._drifted[twins.key] = twins
+        if differ:
+            self._report_drift(step, differ)
+        elif self._twins and not self._drifted:
+            pairs = "; ".join(f"{a} and {b}" for a, b in list(self._twins)[:3])
+            count = (f"{len(self._twins)} separate pairs that look tied are" if len(self._twins) > 1
+                     else "a separate pair that looks tied is")
+            self._board.report(TIES, "twins", "ok", step, f"{count} still identical: {pairs}")
+
+    def _report_drift(self, step: int, differ: list[_Twins]) -> None:
+        names: list[str] = []
+        shapes: dict[str, list[int] | None] = {}
+        modules: dict[str, str] = {}
+        parts = []
+        for twins in differ:
+            a, b = twins.a.current(), twins.b.current()
+            names += [twins.a.name, twins.b.name]
+            shapes.update({twins.a.name: _shape(a), twins.b.name: _shape(b)})
+            modules.update({twins.a.name: twins.a.kind.__name__, twins.b.name: twins.b.kind.__name__})
+            size = f" [{_size(a)}]" if a is not None else ""
+            looks = (" (an input embedding and an output projection)"
+                     if _hinted(twins.a) or _hinted(twins.b) else "")
+            parts.append(f"{twins.a.name} ({twins.a.kind.__name__}) and {twins.b.name} "
+                         f"({twins.b.kind.__name__}){size}{looks}")
+        message = (f"{'; '.join(parts)} were bit-identical when training started but are separate tensors, "
+                   f"and training has made them differ by step {step}: a weight tie lost when the model was "
+                   "built or loaded")
+        details = {"params": names[:50], "pairs": [list(t.key) for t in differ][:20], "shapes": shapes,
+                   "modules": modules, "identical_at_step": min(t.since for t in differ),
+                   "differ_at_step": step, "step": step, "likely_causes": _LOST_CAUSES}
+        self._board.violation(TIES, "twins", step, message, details, [t.key for t in differ])
