@@ -159,26 +159,32 @@ def classifier(classes: int = 10) -> tuple[torch.nn.Module, torch.optim.Optimize
 
 def clip_events(tmp_path: Path, order: str, steps: int = 8) -> dict[str, int]:
     model, optimizer = classifier()
-    record = tmp_path / f"clip-{order}.jsonl"
+    record = tmp_path / f"clip-{order.replace(' ', '-')}.jsonl"
+    clip_norm, clip_value = torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_
     with Monitor(model, optimizer, record=record, gpu="none") as mon:
         for _ in range(steps):
             x, y = torch.randn(32, 20), torch.randint(0, 10, (32,))
-            optimizer.zero_grad(set_to_none=order != "after zero_grad")
             loss = torch.nn.functional.cross_entropy(model(x), y)
-            if order != "after backward":
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if order == "before backward":
+                clip_norm(model.parameters(), 1.0)
             loss.backward()
             if order == "after backward":
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                torch.nn.utils.clip_grad_value_(model[0].parameters(), 0.5)
+                clip_norm(model.parameters(), 1.0)
+                clip_value(model[0].parameters(), 0.5)
             optimizer.step()
             mon.step(loss)
+            optimizer.zero_grad(set_to_none=order == "before backward")
+            if order == "norm after zero_grad":
+                clip_norm(model.parameters(), 1.0)  # the zeros zero_grad left: norm 0
+            elif order == "value after zero_grad":
+                clip_value(model.parameters(), 0.1)  # returns nothing: the zeros are probed
     return {e["kind"]: e["step"] for e in of_type(messages_in(record), "event")}
 
 
-@pytest.mark.parametrize("order", ["before backward", "after zero_grad"])
-def test_clipping_before_backward_is_named_on_the_first_step(tmp_path: Path, order: str) -> None:
-    assert clip_events(tmp_path, order).get("clip_noop") == 1
+@pytest.mark.parametrize("order", ["before backward", "norm after zero_grad", "value after zero_grad"])
+def test_clipping_that_clips_nothing_is_named_on_the_step_it_preceded(tmp_path: Path, order: str) -> None:
+    first = 1 if order == "before backward" else 2  # after zero_grad: it precedes the second step
+    assert clip_events(tmp_path, order).get("clip_noop") == first
 
 
 def test_clipping_after_backward_and_clipping_frozen_parameters_are_quiet(tmp_path: Path) -> None:
@@ -197,7 +203,7 @@ def test_clipping_after_backward_and_clipping_frozen_parameters_are_quiet(tmp_pa
     assert "clip_noop" not in {e["kind"] for e in of_type(messages_in(record), "event")}
 
 
-def test_the_watched_calls_return_what_torch_returns() -> None:
+def test_the_watched_calls_return_what_torch_returns_and_count_the_labels() -> None:
     model, _ = classifier()
     x, y = torch.randn(32, 20), torch.randint(0, 10, (32,))
     seen: list[tuple[int, float | None]] = []
@@ -212,37 +218,44 @@ def test_the_watched_calls_return_what_torch_returns() -> None:
         reference = torch.sqrt(sum((p.grad**2).sum() for p in model.parameters()))
         assert float(clip_grad_norm_(model.parameters(), 1e6)) == pytest.approx(float(reference))
         assert float(loss.detach()) == pytest.approx(float(torch.nn.CrossEntropyLoss()(model(x).detach(), y)))
+        assert seen == [(10, None)], "the class count at once, the prior once the labels are counted"
+        for _ in range(torch_calls.COUNTED_CALLS - 1):
+            torch.nn.functional.cross_entropy(model(x), y)
     finally:
         torch_calls.unwatch(watch)
-    assert len(seen) == 1 and seen[0][0] == 10
-    counts = torch.bincount(y, minlength=10).double() / 32
-    assert seen[0][1] == pytest.approx(float(-(counts[counts > 0] * counts[counts > 0].log()).sum()))
+    shares = torch.bincount(y, minlength=10).double() / 32
+    shares = shares[shares > 0]
+    plug_in = float(-(shares * shares.log()).sum())
+    labels = 32 * torch_calls.COUNTED_CALLS
+    assert seen[1:] == [(10, pytest.approx(plug_in + (len(shares) - 1) / (2 * labels)))]
     assert watch.take_clips_without_gradients() == 0
 
 
 def train_classifier(tmp_path: Path, name: str, labels: str, steps: int, classes: int = 10) -> dict[str, int]:
-    """Train on a fixed pool of inputs whose labels follow them ("learnable") or not ("shuffled")."""
+    """Train on fresh inputs each step whose labels follow them (a teacher's, "learnable") or
+    not ("shuffled": drawn apart from the inputs, so there is nothing to learn nor to memorise)."""
     generator = torch.Generator().manual_seed(1)
-    inputs = torch.randn(512, 20, generator=generator)
-    teacher = torch.nn.Linear(20, classes)
-    shuffled = torch.randint(0, classes, (512,), generator=generator)
-    targets = teacher(inputs).argmax(1) if labels == "learnable" else shuffled
+    teacher = torch.randn(20, classes, generator=generator)
     model, optimizer = classifier(classes)
     record = tmp_path / f"{name}.jsonl"
     with Monitor(model, optimizer, record=record, gpu="none") as mon:
         for _ in range(steps):
-            index = torch.randint(0, 512, (64,), generator=generator)
+            inputs = torch.randn(64, 20, generator=generator)
+            targets = (inputs @ teacher).argmax(1)
+            if labels == "shuffled":
+                targets = targets[torch.randperm(64, generator=generator)]
             optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(inputs[index]), targets[index])
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
             loss.backward()
             optimizer.step()
             mon.step(loss)
     return {e["kind"]: e["step"] for e in of_type(messages_in(record), "event")}
 
 
-def test_a_classifier_that_learns_nothing_is_named_within_forty_steps(tmp_path: Path) -> None:
-    events = train_classifier(tmp_path, "shuffled", "shuffled", steps=120)
-    assert events.get("chance_loss", math.inf) <= 40, events
+def test_a_classifier_that_learns_nothing_is_named_within_a_hundred_steps(tmp_path: Path) -> None:
+    """Half the steps a plateau test needs (~140 steps on such runs): C and the label prior are known."""
+    events = train_classifier(tmp_path, "shuffled", "shuffled", steps=160)
+    assert events.get("chance_loss", math.inf) <= 100, events
 
 
 def test_a_classifier_that_learns_is_not_at_chance(tmp_path: Path) -> None:
