@@ -11,7 +11,10 @@ import contextlib
 import copy
 import importlib
 import itertools
+import json
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -518,3 +521,97 @@ def test_without_ties_or_look_alikes_the_status_says_there_is_nothing_to_check()
     checker.close()
     [status] = recording.statuses("ties_hold")  # known from the start: no message changes
     assert status["status"] == "unchecked" and "nothing to check" in status["message"]
+
+
+# A plain script (no tuimon import) for ``tuimon run``. ``lost_tie``: a tied language model saved as
+# separate copies, rebuilt on the meta device and loaded with assign=True. ``look_alike``: a tied
+# model whose second mixing layer is a warm-started copy of the first (same kind, identical at the
+# start, trained apart on purpose) and an EMA copy (identical across kinds, moved by an average, in
+# no optimizer).
+_ZERO_CODE_SCRIPT = textwrap.dedent("""
+    import copy
+    import sys
+
+    import torch
+    from torch import nn
+
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.mix = nn.Linear(16, 16)
+            self.mix2 = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 50, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, tokens):
+            return self.head(torch.tanh(self.mix2(torch.tanh(self.mix(self.embed(tokens))))))
+
+
+    torch.manual_seed(0)
+    ema = None
+    if sys.argv[1] == "lost_tie":
+        state = {name: tensor.clone() for name, tensor in LM().state_dict().items()}
+        with torch.device("meta"):
+            model = LM()
+        model.load_state_dict(state, assign=True)
+        assert model.head.weight is not model.embed.weight
+    else:
+        model = LM()
+        model.mix2.load_state_dict(model.mix.state_dict())
+        ema = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(12):
+        tokens = torch.randint(0, 50, (8, 12), generator=g)
+        optimizer.zero_grad()
+        logits = model(tokens[:, :-1])
+        nn.functional.cross_entropy(logits.reshape(-1, 50), tokens[:, 1:].reshape(-1)).backward()
+        optimizer.step()
+        if ema is not None:
+            with torch.no_grad():
+                for target, online in zip(ema.parameters(), model.parameters()):
+                    target.lerp_(online, 0.1)
+""")
+
+
+def _zero_code_run(tmp_path: Path, mode: str) -> list[dict]:
+    """Run the script under ``tuimon run`` (a real subprocess); the messages it recorded."""
+    script = tmp_path / "train_lm.py"
+    script.write_text(_ZERO_CODE_SCRIPT)
+    prefix = tmp_path / mode / "rec"
+    result = subprocess.run(
+        [sys.executable, "-m", "tuimon.cli", "run", "--run", mode, "--record", str(prefix), "--gpu", "none",
+         "--", sys.executable, str(script), mode],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    [recording] = sorted(prefix.parent.glob("rec.rank*.jsonl"))
+    return [json.loads(line) for line in recording.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["lost_tie", "look_alike"])
+def test_zero_code_mode_reports_a_tie_lost_at_load_and_not_its_look_alikes(tmp_path: Path, mode: str) -> None:
+    """``tuimon run`` builds the Monitor inside the first step() and finds the model at a later forward:
+    the pairs identical before the first step are kept by value and sorted by module kind then."""
+    messages = _zero_code_run(tmp_path, mode)
+    assert messages[-1]["type"] == "run_end" and messages[-1]["step"] == 12
+    events = [m for m in messages if m["type"] == "event" and m["kind"] == "tie_broken"]
+    statuses = [m for m in messages if m["type"] == "invariant" and m["name"] == "ties_hold"]
+    if mode == "look_alike":
+        assert not events
+        assert "violated" not in [m["status"] for m in statuses]
+        final = statuses[-1]
+        assert final["status"] == "ok" and "LM.embed.weight = LM.head.weight" in final["message"]
+        return
+    [event] = events
+    assert event["severity"] == "warning"
+    assert event["step"] == 2, "the first check after the model is found at the second forward"
+    names = ["LM.embed.weight", "LM.head.weight"]
+    details = event["details"]
+    assert details["pairs"] == [names]
+    assert details["modules"] == {names[0]: "Embedding", names[1]: "Linear"}
+    assert details["identical_at_step"] < details["differ_at_step"]
+    assert "bit-identical when training started" in event["message"]
+    assert statuses[-1]["status"] == "violated"

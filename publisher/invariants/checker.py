@@ -205,7 +205,7 @@ class InvariantChecker:
         ties = self._ties
         if ties is not None and ties.wants_values and not ties.dead:
             with torch.no_grad():  # before the step moves anything: the values the run starts from
-                self._run(ties, ties.before_step, self._owned_ids(), self._step_of(watch))
+                self._run(ties, ties.before_step, self._owned_params(), self._step_of(watch))
         if index < watch.quiet_until:
             self._drain()
             return
@@ -407,6 +407,15 @@ class InvariantChecker:
             for watch in self._watches.values():  # the next pre-step hook compares the new root's values
                 watch.quiet_until = 0
             self._global_quiet_until = 0
+
+    def _owned_params(self) -> list[torch.Tensor]:
+        """Every watched optimizer's parameters, each once."""
+        owned: dict[int, torch.Tensor] = {}
+        for watch in self._watches.values():
+            watch.watched.refresh()
+            for p in watch.watched.params:
+                owned.setdefault(id(p), p)
+        return list(owned.values())
 
     def _owned_ids(self) -> set[int]:
         owned: set[int] = set()

@@ -42,30 +42,44 @@ it happens, both caught here:
    embedding and an output projection"). The pair is reported as soon as the two differ after a
    training step, i.e. at the first or second checked step.
 
+   With no model given, the modules may be found only after the first step: in zero-code mode
+   ``tuimon run`` builds the Monitor inside the first ``step()``, before it moves anything, after
+   that step's forward, so the model is found at the second forward. Then the first pre-step hook
+   compares the watched optimizers' trained matrices by value alone (same shape, dtype and device,
+   bit-identical, not constant; the rarest shapes first, as no name or module is known, at most
+   ``_MAX_PAIRS``) and keeps the pairs that match; once the modules are found, the kind test above
+   sorts them, and a pair that passes is reported at the first check after that if the two differ
+   by then (in zero-code mode: at step 2), or later when they do.
+
    Not caught: tied pairs of the *same* module kind lost at load time (an encoder's and a decoder's
-   ``nn.Embedding``), which look exactly like a warm start; and any pair when the checker starts
-   after the first optimizer step, as in zero-code mode (``tuimon run`` builds the Monitor after
-   the first ``step()``): the values are already apart when first seen. Ties that break later are
-   caught in every mode. A deliberate copy across kinds (an output layer initialised from the
-   embedding and meant to train apart) is reported: disable ``ties_hold`` for such a model.
+   ``nn.Embedding``), which look exactly like a warm start; any pair whose first watched optimizer
+   step has already moved it when the checker first sees its values: a Monitor built mid-run, or an
+   optimizer that joins a zero-code run (``tuimon run`` adds optimizers other than the first after
+   their first ``step()``); and, with no model known at the first step, a pair whose shape so many
+   other matrices share that it falls past ``_MAX_PAIRS``. Ties that break later are caught in
+   every mode. A deliberate copy across kinds (an output layer initialised from the embedding and
+   meant to train apart) is reported: disable ``ties_hold`` for such a model.
 
 When and what it costs: the module tree is walked (Python only) when a root is adopted and once
 more at the first optimizer pre-step hook after it (or after an optimizer is added); that pre-step
-hook also compares the candidate pairs (at most ``_MAX_PAIRS``), in full, once: on an accelerator on
-the device (``!=`` in chunks of ``2**24`` elements, read back later), on the CPU with ``torch.equal``
-where a strided sample already matches (~50 ms for GPT-2's 50257x768 embedding). Then, on the
-checker's schedule (every step for the first ``dense_steps``, then every ``check_every`` steps as the
-budget stretches it), from the optimizer post-step hooks: one module-path lookup per tied name, and for
-each designed-tied pair still identical one ``!=`` on ``probe_elements`` strided elements; the verdicts
-are one small tensor read back through :class:`~publisher.invariants.core.PendingResults` (no
-host-device synchronisation). No hook of its own, nothing when there is nothing to check.
+hook also compares the candidate pairs (at most ``_MAX_PAIRS``; with no module known yet, same-shape
+pairs of the optimizers' parameters), in full, once (two parameters both compared at an earlier
+start are not compared again): on an accelerator on the device (``!=`` in chunks of ``2**24``
+elements, read back later), on the CPU with ``torch.equal`` where a strided sample already matches
+(~50 ms for GPT-2's 50257x768 embedding). Pairs kept by value alone are matched to their modules
+when a root is adopted (Python only). Then, on the checker's schedule (every step for the first
+``dense_steps``, then every ``check_every`` steps as the budget stretches it), from the optimizer
+post-step hooks: one module-path lookup per tied name, and for each designed-tied pair still
+identical one ``!=`` on ``probe_elements`` strided elements; the verdicts are one small tensor read
+back through :class:`~publisher.invariants.core.PendingResults` (no host-device synchronisation). No
+hook of its own, nothing when there is nothing to check.
 """
 
 from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -188,6 +202,11 @@ def _size(param: torch.Tensor) -> str:
     return "?" if shape is None else "x".join(map(str, shape)) or "scalar"
 
 
+def _alike(param: torch.Tensor) -> tuple:
+    """What two parameters must share to be compared at all: shape, dtype and device."""
+    return (tuple(param.shape), param.dtype, param.device)
+
+
 def _pairs(found: dict[int, tuple[torch.Tensor, list[_Slot]]], eligible: set[int]
            ) -> list[tuple[_Slot, _Slot, torch.Tensor, torch.Tensor]]:
     """Same-shape matrices in modules of different kinds (candidates for a lost tie), likely first.
@@ -198,7 +217,7 @@ def _pairs(found: dict[int, tuple[torch.Tensor, list[_Slot]]], eligible: set[int
     groups: dict[tuple, dict[frozenset[type], list[tuple[torch.Tensor, _Slot]]]] = {}
     for key in eligible:
         param, slots = found[key]
-        by_kind = groups.setdefault((tuple(param.shape), param.dtype, param.device), {})
+        by_kind = groups.setdefault(_alike(param), {})
         by_kind.setdefault(frozenset(slot.kind for slot in slots), []).append((param, slots[0]))
     pairs = []
     for by_kind in groups.values():
@@ -212,8 +231,29 @@ def _pairs(found: dict[int, tuple[torch.Tensor, list[_Slot]]], eligible: set[int
     return pairs
 
 
+def _unplaced_pairs(params: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Same-shape pairs of matrices whose modules are not known yet (no model given, none found
+    yet), the rarest shapes first: an input embedding and its output projection are usually the
+    only two matrices of their shape, a network's layers come many to a shape, so past
+    ``_MAX_PAIRS`` pairs of the commonest shapes are the ones left out."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for param in params:
+        groups.setdefault(_alike(param), []).append(param)
+    shared = sorted((group for group in groups.values() if len(group) > 1), key=len)
+    return itertools.chain.from_iterable(itertools.combinations(group, 2) for group in shared)
+
+
+def _holds(found: dict[int, tuple[torch.Tensor, list[_Slot]]], param: torch.Tensor) -> bool:
+    entry = found.get(id(param))
+    return entry is not None and entry[0] is param
+
+
+def _trainable(param: torch.Tensor) -> bool:
+    return param.requires_grad and _matrix(param)
+
+
 def _trainable_matrices(found: dict[int, tuple[torch.Tensor, list[_Slot]]]) -> set[int]:
-    return {key for key, (param, _) in found.items() if param.requires_grad and _matrix(param)}
+    return {key for key, (param, _) in found.items() if _trainable(param)}
 
 
 def _matrix(param: torch.Tensor) -> bool:
@@ -238,6 +278,22 @@ def _varied(sample: torch.Tensor) -> torch.Tensor:
     return ~((sample == sample.min()) | (sample == sample.max())).all()
 
 
+def _keep_identical(tags: list, found: Callable[[list], None], verdict: torch.Tensor) -> None:
+    """Hand ``found`` the tags whose verdict row (equal, varied) is all true."""
+    rows = verdict.reshape(-1, 2).tolist()
+    found([tag for tag, (equal, varied) in zip(tags, rows, strict=True) if equal and varied])
+
+
+@dataclass
+class _Unplaced:
+    """Two trained parameters that were bit-identical (and varied) at the start while their modules
+    were unknown: a designed-tied pair once the modules found later are of different kinds."""
+
+    a: weakref.ref
+    b: weakref.ref
+    since: int
+
+
 class TieCheck(Check):
     """Tied parameters stay one tensor; designed-tied pairs (separate but identical at the start) stay
     identical. Called by the checker from its optimizer hooks."""
@@ -253,6 +309,8 @@ class TieCheck(Check):
         self._ties: dict[tuple[str, ...], _Tie] = {}
         self._twins: dict[tuple[str, str], _Twins] = {}
         self._drifted: dict[tuple[str, str], _Twins] = {}
+        # Pairs found identical by value alone while no module was known (zero-code mode's first step).
+        self._unplaced: list[_Unplaced] = []
         # Parameters already compared at a start (by id, with a weak reference against id reuse).
         self._considered: dict[int, weakref.ref] = {}
         self._candidates = 0  # same-shape pairs in different module kinds at the last look
@@ -267,6 +325,7 @@ class TieCheck(Check):
         self._roots = roots
         found = _walk(roots)
         self._add_ties(found)
+        self._place(found)
         self._candidates = len(_pairs(found, _trainable_matrices(found)))
         self.wants_values = bool(roots)
         if self._ties or self._candidates:
@@ -275,39 +334,34 @@ class TieCheck(Check):
             self._board.idle_message(TIES, self._nothing())
 
     def optimizers_changed(self) -> None:
-        """An optimizer was added: its parameters may form pairs not looked at yet."""
-        self.wants_values = bool(self._roots)
+        """An optimizer was added: its parameters may form pairs not looked at yet (by value alone
+        while no module is known)."""
+        self.wants_values = True
 
-    def before_step(self, owned: set[int], step: int) -> None:
-        """Called at an optimizer pre-step hook while :attr:`wants_values`: ties seen now, and the
-        start comparison of the candidate pairs (before the step moves them)."""
+    def before_step(self, owned: Sequence[torch.Tensor], step: int) -> None:
+        """Called at an optimizer pre-step hook while :attr:`wants_values` with the watched optimizers'
+        parameters: ties seen now, and the start comparison of the candidate pairs (before the step
+        moves them). With no module known yet, the pairs are compared by value alone and kept until
+        the modules are found (:meth:`set_roots`)."""
         self.wants_values = False
+        if not self._roots:
+            params = {id(p): p for p in owned if _trainable(p)}
+            fresh = (((a, b), a, b) for a, b in _unplaced_pairs(params.values())
+                     if not (self._seen(a) and self._seen(b)))
+            tagged = list(itertools.islice(fresh, _MAX_PAIRS))
+            self._consider(params)
+            self._compare(tagged, partial(self._remember, step))
+            return
         found = _walk(self._roots)
         self._add_ties(found)
         trainable = _trainable_matrices(found)
         self._candidates = len(_pairs(found, trainable))
-        eligible = trainable & owned
+        eligible = trainable & {id(p) for p in owned}
         pairs = [pair for pair in _pairs(found, eligible) if (pair[0].name, pair[1].name) not in self._twins
                  and not (self._seen(pair[2]) and self._seen(pair[3]))]
-        for key in eligible:
-            self._considered[key] = weakref.ref(found[key][0])
-        on_host: list[tuple[_Slot, _Slot]] = []
-        kept: list[tuple[_Slot, _Slot]] = []
-        verdicts: list[torch.Tensor] = []
-        for slot_a, slot_b, a, b in pairs[:_MAX_PAIRS]:
-            stride = sample_stride(a.numel(), self._limit)
-            sample_a, sample_b = flat_sample(a, stride), flat_sample(b, stride)
-            if a.device.type == "cpu":  # read at once: the sample first, the full comparison if it matches
-                if torch.equal(sample_a, sample_b) and torch.equal(a, b) and bool(_varied(sample_a)):
-                    on_host.append((slot_a, slot_b))
-                continue
-            kept.append((slot_a, slot_b))
-            verdicts.append(torch.stack([_equal(a, b), _varied(sample_a)]))
-        if on_host or not verdicts:  # (with verdicts on their way, "nothing to check" would be early)
-            self._found(on_host, step, torch.ones(len(on_host), 2))
-        if verdicts:
-            verdict = stack_on(verdicts, verdicts[0].device).float()
-            self._pending.add(self, verdict, partial(self._found, kept, step))
+        self._consider({key: found[key][0] for key in eligible})
+        self._compare([((slot_a, slot_b), a, b) for slot_a, slot_b, a, b in pairs[:_MAX_PAIRS]],
+                      partial(self._found, step))
 
     @property
     def idle(self) -> bool:
@@ -389,14 +443,74 @@ class TieCheck(Check):
         ref = self._considered.get(id(param))
         return ref is not None and ref() is param
 
-    def _found(self, pairs: list[tuple[_Slot, _Slot]], step: int, verdict: torch.Tensor) -> None:
+    def _consider(self, params: dict[int, torch.Tensor]) -> None:
+        """These parameters had their start comparison: never compared in full again."""
+        for key, param in params.items():
+            self._considered[key] = weakref.ref(param)
+
+    def _compare(self, pairs: Sequence[tuple[object, torch.Tensor, torch.Tensor]],
+                 found: Callable[[list], None]) -> None:
+        """The start comparison, whichever way the pairs were found: ``found`` gets the tags of the
+        pairs ``(tag, a, b)`` that are bit-identical and not a constant pattern (at once on the CPU;
+        on an accelerator through :class:`PendingResults`, without waiting)."""
+        on_host: list = []
+        kept: list = []
+        verdicts: list[torch.Tensor] = []
+        for tag, a, b in pairs:
+            stride = sample_stride(a.numel(), self._limit)
+            sample_a, sample_b = flat_sample(a, stride), flat_sample(b, stride)
+            if a.device.type == "cpu":  # read at once: the sample first, the full comparison if it matches
+                if torch.equal(sample_a, sample_b) and torch.equal(a, b) and bool(_varied(sample_a)):
+                    on_host.append(tag)
+                continue
+            kept.append(tag)
+            verdicts.append(torch.stack([_equal(a, b), _varied(sample_a)]))
+        if on_host or not verdicts:  # (with verdicts on their way, "nothing to check" would be early)
+            found(on_host)
+        if verdicts:
+            verdict = stack_on(verdicts, verdicts[0].device).float()
+            self._pending.add(self, verdict, partial(_keep_identical, kept, found))
+
+    def _found(self, step: int, pairs: list[tuple[_Slot, _Slot]]) -> None:
         """The start comparison arrived: identical, varied pairs become twins to watch."""
-        values = verdict.reshape(-1, 2).tolist()
-        for (slot_a, slot_b), (equal, varied) in zip(pairs, values, strict=True):
-            if equal and varied:
-                twins = _Twins(slot_a, slot_b, step)
-                self._twins.setdefault(twins.key, twins)
+        for slot_a, slot_b in pairs:
+            twins = _Twins(slot_a, slot_b, step)
+            self._twins.setdefault(twins.key, twins)
         self._settle_idle()
+
+    def _remember(self, step: int, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The start comparison by value alone arrived: keep the identical pairs until their modules
+        are known (at once if they were found meanwhile)."""
+        self._unplaced += [_Unplaced(weakref.ref(a), weakref.ref(b), step) for a, b in pairs]
+        if self._unplaced and self._roots:
+            self._place(_walk(self._roots))
+            self._settle_idle()
+
+    def _place(self, found: dict[int, tuple[torch.Tensor, list[_Slot]]]) -> None:
+        """Pairs kept by value alone whose two parameters are now in the model: those in modules of
+        different kinds (the same test as when the modules are known from the start) become twins,
+        the others are dropped; pairs not found whole yet wait for the next root."""
+        if not self._unplaced:
+            return
+        trainable = _trainable_matrices(found)
+        placed: dict[frozenset[int], int] = {}
+        waiting: list[_Unplaced] = []
+        for pair in self._unplaced:
+            a, b = pair.a(), pair.b()
+            if a is None or b is None:
+                continue  # a side no longer exists
+            if not (_holds(found, a) and _holds(found, b)):
+                waiting.append(pair)
+            elif id(a) in trainable and id(b) in trainable:
+                placed[frozenset((id(a), id(b)))] = pair.since
+        self._unplaced = waiting
+        if not placed:
+            return
+        for slot_a, slot_b, a, b in _pairs(found, set().union(*placed)):
+            since = placed.get(frozenset((id(a), id(b))))
+            if since is not None:
+                twins = _Twins(slot_a, slot_b, since)
+                self._twins.setdefault(twins.key, twins)
 
     def _settle_idle(self) -> None:
         if not self._ties and not self._twins and not self._drifted:
