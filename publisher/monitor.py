@@ -35,6 +35,7 @@ import torch
 
 from publisher.collect import torch_calls
 from publisher.collect.batches import BatchPrint, LoaderBook, LoaderPasses
+from publisher.collect.cpu_wait import CpuWait
 from publisher.collect.fetch import DeviceFetch
 from publisher.collect.identity import default_rank, default_run_name, default_world_size
 from publisher.collect.memory import DEFAULT_INTERVAL_S, MemoryReader
@@ -115,6 +116,7 @@ class Monitor:
         self._params = TrainedParams(model, optimizer)
         # Settings are checked before anything binds a port or starts a thread.
         self._memory = MemoryReader(memory_interval_s, self._params.device)
+        self._cpu_wait = CpuWait()  # read with memory, on the training thread
         self._timer = StepTimer()
         self._grad_norm = BudgetedGradNorm(grad_norm_budget, self._timer.clock)
         self.run = run or default_run_name()
@@ -257,6 +259,7 @@ class Monitor:
             metrics["data_time"] = float(data_time)
         if now >= self._memory.next_at:
             metrics.update(self._memory.read(now))
+            metrics.update(self._cpu_wait.read(now))
 
     def _read_extras(self, extra: dict[str, Any], readings: StepReadings) -> None:
         """The caller's own numbers; one that is not a number, or beyond the protocol's bounds for

@@ -29,6 +29,14 @@ def test_the_first_charges_are_set_up_and_the_period_is_bounded() -> None:
     assert unlimited.gap(1e-3) == 3, "a share of 1.0 turns the budget off"
 
 
+def test_long_steps_shorten_the_period_to_keep_within_its_seconds() -> None:
+    budget = CostBudget(0.01, every=10, longest=100, within_s=0.5, cold=0)
+    budget.charge(50e-6)
+    assert budget.gap(10e-3) == 10, "10 steps of 10 ms fit in half a second"
+    assert budget.gap(0.1) == 5, "10 steps of 100 ms would be a second late"
+    assert budget.gap(2.0) == 1, "a step longer than the bound: every step"
+
+
 def test_one_slow_run_moves_the_period_for_a_few_runs_only() -> None:
     budget = CostBudget(0.01, every=1, cold=0)
     for _ in range(20):

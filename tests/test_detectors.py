@@ -458,6 +458,27 @@ def test_a_step_time_jump_is_named_within_ten_steps_or_a_second() -> None:
     assert run_steps(ThroughputDrop(), steps_of(hiccup)) == []
 
 
+def with_cpu_wait(times: list[float], waits: list[float], every: int = 10) -> list[dict[str, float]]:
+    """Steps whose every ``every``-th carries a ``cpu_wait`` reading (as the Monitor reads it)."""
+    return [{"step_time": t, **({"cpu_wait": w} if i % every == 0 else {})}
+            for i, (t, w) in enumerate(zip(times, waits, strict=True))]
+
+
+def test_a_slowdown_from_waiting_for_a_cpu_is_not_the_loops_own_until_it_lasts() -> None:
+    """Other processes taking the CPUs for a couple of seconds: the thread waited ~90 % of the
+    time. The loop's own time did not change: no jump. The same slowdown with no wait is the loop's."""
+    times = [0.01] * 100 + [0.1] * 30 + [0.01] * 100
+    waits = [0.0] * 100 + [0.9] * 30 + [0.0] * 100
+    assert run_steps(ThroughputDrop(), with_cpu_wait(times, waits)) == []
+    own = run_steps(ThroughputDrop(), with_cpu_wait(times, [0.0] * len(times)))
+    assert own and own[0][1].details["slower_by"] == pytest.approx(10, rel=0.1)
+    lasting = [0.01] * 100 + [0.1] * 150  # 15 s of it: named as contention, once it lasted 10 s
+    found = run_steps(ThroughputDrop(), with_cpu_wait(lasting, [0.0] * 100 + [0.9] * 150))
+    assert {f.details.get("test") for _, f in found} == {"cpu contention"}
+    assert 190 <= found[0][0] <= 200 and found[0][1].details["cpu_wait"] == pytest.approx(0.9)
+    assert "other processes are taking the CPUs" in found[0][1].message
+
+
 def test_more_work_per_step_at_the_same_throughput_is_no_slowdown() -> None:
     """Longer sequences: 4x the tokens per step, 4x the step time, the same tokens per second."""
     short = [{"step_time": 0.01, "tokens_per_s": 512 / 0.01}] * 100

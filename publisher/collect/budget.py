@@ -65,18 +65,21 @@ class CostBudget:
     :meth:`charge` each run's cost (everything it caused since the previous run, hooks included);
     :meth:`gap` is then at least ``every`` steps, more when the moving average of the cost exceeds
     ``share`` of the step time, and at most ``longest`` (a bound on how late the measurement can
-    be, whatever it costs). The first ``cold`` charges are ignored: they pay one-off set-up
-    (allocator, kernel selection, first calls of Python code), not the steady cost. ``share`` 1.0
-    turns the budget off (always ``every``).
+    be, whatever it costs), nor more steps than fit in ``within_s`` seconds (at least one): where
+    steps are long, ``every`` steps would be too late. The first ``cold`` charges are ignored: they
+    pay one-off set-up (allocator, kernel selection, first calls of Python code), not the steady
+    cost. ``share`` 1.0 turns the budget off (always ``every``).
     """
 
-    __slots__ = ("_cold", "_smoothing", "cost", "every", "longest", "share")
+    __slots__ = ("_cold", "_smoothing", "cost", "every", "longest", "share", "within_s")
 
-    def __init__(self, share: float, *, every: int = 1, longest: int | None = None, cold: int = 1,
-                 smoothing: float = 0.2, what: str = "budget") -> None:
+    def __init__(self, share: float, *, every: int = 1, longest: int | None = None,
+                 within_s: float | None = None, cold: int = 1, smoothing: float = 0.2,
+                 what: str = "budget") -> None:
         self.share = check_share(share, what)
         self.every = every
         self.longest = longest
+        self.within_s = within_s
         #: Seconds one run costs, moving average (None until measured).
         self.cost: float | None = None
         self._cold = cold
@@ -95,7 +98,11 @@ class CostBudget:
         gap = self.every
         if self.share < 1.0 and self.cost is not None and step_time:
             gap = max(gap, math.ceil(self.cost / (self.share * step_time)))
-        return gap if self.longest is None else min(gap, max(self.longest, self.every))
+        if self.longest is not None:
+            gap = min(gap, max(self.longest, self.every))
+        if self.within_s is not None and step_time:
+            gap = min(gap, max(1, int(self.within_s / step_time)))
+        return gap
 
 
 class Schedule:

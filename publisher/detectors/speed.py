@@ -50,13 +50,21 @@ class ThroughputDrop(Detector):
 
     Both are judged once ``warmup`` (10) steps are past. After ``baseline`` slow steps the slow
     level is the new normal and the episode ends.
+
+    Both judge the loop's *own* time: the share of time the training thread waited for a CPU
+    (``cpu_wait``, :mod:`publisher.collect.cpu_wait`) is taken out of the step time, so that
+    other processes taking the CPUs for a second or two (a shared machine, a compile next door)
+    is not a slowdown of the training's making. A third test names lasting contention itself:
+
+    - **Contention** (``contention``: 0.5): the training thread waited for a CPU at least half
+      the time, in the median of the readings of the last ``contention_s`` (10 s).
     """
 
     quiet_to_close = 20
 
     def __init__(self, window: int = 20, baseline: int = 100, ratio: float = 0.5, warmup: int = 10,
                  min_duration_s: float = 1.0, jump: float = 3.0, jump_steps: int = 5,
-                 jump_s: float = 0.5) -> None:
+                 jump_s: float = 0.5, contention: float = 0.5, contention_s: float = 10.0) -> None:
         self.window = window
         self.ratio = ratio
         self.warmup = warmup
@@ -74,22 +82,74 @@ class ThroughputDrop(Detector):
         self._usual_median = 0.0
         self._streak: list[float] = []
         self._streak_s = 0.0
+        # Waiting for a CPU: the latest share (it holds until the next reading), and the recent
+        # readings with the seconds each covers.
+        self.contention = contention
+        self.contention_s = contention_s
+        self._wait = 0.0
+        self._waits: deque[tuple[float, float]] = deque()
+        self._waits_s = 0.0
+        self._since_reading = 0.0
 
     def _reset_streak(self) -> None:
         self._streak = []
         self._streak_s = 0.0
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        contended = self._contention(step, metrics)
         rate = _rate(metrics)
         if rate is None:
-            return ()
+            return contended
         if rate[0] != self._unit:  # the user started passing samples or tokens: a new series
             self._unit = rate[0]
             self._rates.clear()
             self._usual.clear()
             self._reset_streak()
             self._usual_median = 0.0
-        return self._jump(step, 1.0 / rate[1], metrics) or self._drop(step, rate[1], metrics)
+        own = rate[1] / (1.0 - self._wait)  # the rate had the thread not waited for a CPU
+        return (*contended, *(self._jump(step, 1.0 / own, metrics) or self._drop(step, own, metrics)))
+
+    def _contention(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        step_time = metrics.get("step_time")
+        if step_time is not None and math.isfinite(step_time):
+            self._since_reading += step_time
+        wait = metrics.get("cpu_wait")
+        if wait is None or not math.isfinite(wait):
+            return ()
+        # Never all of it: a thread that waited 100 % of a reading still ran for its own part.
+        self._wait = min(max(wait, 0.0), 0.95)
+        covers, self._since_reading = self._since_reading, 0.0
+        waits = self._waits
+        waits.append((self._wait, covers))
+        self._waits_s += covers
+        while len(waits) > 1 and self._waits_s - waits[0][1] >= self.contention_s:
+            self._waits_s -= waits.popleft()[1]
+        if self._waits_s < self.contention_s:
+            return ()
+        median = statistics.median(share for share, _ in waits)
+        if median < self.contention:
+            return ()
+        return (
+            Finding(
+                "throughput_drop",
+                f"the training thread waited for a CPU {median:.0%} of the time over the last "
+                f"{self._waits_s:.0f} s: other processes are taking the CPUs ({where(step, self.rank)})",
+                {
+                    "test": "cpu contention",
+                    "cpu_wait": median,
+                    "seconds": self._waits_s,
+                    "step": step,
+                    "rank": self.rank,
+                    "likely_causes": [
+                        "other jobs or processes on the node use the CPUs (top, htop: who is busy)",
+                        "more DataLoader workers or torch threads than cores "
+                        "(torch.get_num_threads(), num_workers)",
+                        "a CPU quota (cgroup, container limits) below what the job uses",
+                    ],
+                },
+                key="contention",
+            ),
+        )
 
     def _jump(self, step: int, cost: float, metrics: Metrics) -> Sequence[Finding]:
         """``cost``: seconds per unit of work (a sample, a token, else a step), so that a step doing

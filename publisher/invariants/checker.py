@@ -88,7 +88,8 @@ class InvariantChecker:
         self._board = StatusBoard(emit_status, emit_violation)
         self._meter = CostMeter()
         self._budget = CostBudget(self.config.budget, every=self.config.check_every,
-                                  longest=self.config.max_check_every, what="InvariantConfig.budget")
+                                  longest=self.config.max_check_every, within_s=self.config.check_within_s,
+                                  what="InvariantConfig.budget")
         # How long a training step takes, which ``budget`` is a share of (the Monitor keeps it);
         # without one, checks keep to ``check_every`` whatever they cost.
         self._clock = step_clock

@@ -30,11 +30,12 @@ class InvariantConfig:
     Every check runs on each of the first ``dense_steps`` steps of an optimizer (bugs present from
     the start show at once), then on every ``check_every``-th step; a suspicious result asks for a
     confirming check on the very next step, so a fault is reported at most ``check_every + 1``
-    steps after it starts. The checks are Python work in the optimizer's hooks, ~100-200 us per
-    check on a shared CPU core whatever the model size: 0.5 % of a 20 ms step every 10 steps,
-    but 2 % of a 1 ms one. Where they would cost more than ``budget`` of the step time (told by
-    the Monitor), the period stretches beyond ``check_every`` up to ``max_check_every`` steps;
-    the replica comparison keeps ``replica_every`` (every rank must join it at the same step).
+    steps after it starts (fewer where steps are long: ``check_within_s``). The checks are Python
+    work in the optimizer's hooks, ~100-200 us per check on a shared CPU core whatever the model
+    size: 0.5 % of a 20 ms step every 10 steps, but 2 % of a 1 ms one. Where they would cost more
+    than ``budget`` of the step time (told by the Monitor), the period stretches beyond
+    ``check_every`` up to ``max_check_every`` steps; the replica comparison keeps
+    ``replica_every`` (every rank must join it at the same step).
     """
 
     #: A parameter that requires grad must receive a non-zero gradient within this many steps
@@ -46,8 +47,11 @@ class InvariantConfig:
     check_every: int = 10
     #: ...or less often, where checks would cost more than this share of the step time...
     budget: float = 0.0025
-    #: ...but at least every ``max_check_every`` steps.
+    #: ...but at least every ``max_check_every`` steps, and at least every ``check_within_s``
+    #: seconds where steps are long (every step beyond): with the confirming step, a fault is
+    #: reported within max(2 steps, ~1 s) of its start.
     max_check_every: int = 100
+    check_within_s: float = 0.5
     #: Replica comparison (a collective): each of the first ``dense_steps`` steps, then every
     #: ``replica_every`` steps.
     replica_every: int = 10
@@ -68,6 +72,8 @@ class InvariantConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"InvariantConfig.{name} must be an integer >= 1, got {value!r}")
         check_share(self.budget, "InvariantConfig.budget")
+        if not self.check_within_s > 0:
+            raise ValueError(f"InvariantConfig.check_within_s must be > 0, got {self.check_within_s!r}")
         if not 0 <= self.replica_rtol < 1:
             raise ValueError(f"InvariantConfig.replica_rtol must be in [0, 1), got {self.replica_rtol!r}")
         object.__setattr__(self, "disabled", frozenset(self.disabled))

@@ -1,0 +1,59 @@
+"""The training thread's wait for a CPU, read from Linux's scheduler statistics, under real contention."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from publisher.collect.cpu_wait import SCHEDSTAT, CpuWait
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SCHEDSTAT) or not hasattr(os, "sched_setaffinity"),
+                                reason="needs Linux scheduler statistics")
+
+#: A process that keeps one core busy for up to 30 s (killed sooner).
+BURN = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+end = time.time() + 30
+while time.time() < end:
+    pass
+"""
+
+
+def busy_for(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def waited_share(others: int) -> float:
+    """The share this thread waited while it and ``others`` busy processes share one core."""
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    burners = [subprocess.Popen([sys.executable, "-c", BURN, str(core)]) for _ in range(others)]
+    try:
+        os.sched_setaffinity(0, {core})
+        time.sleep(0.3)  # the burners are up
+        wait = CpuWait()
+        wait.read(time.perf_counter())
+        busy_for(1.0)
+        return wait.read(time.perf_counter())["cpu_wait"]
+    finally:
+        os.sched_setaffinity(0, before)
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+def test_a_thread_alone_on_its_core_hardly_waits_and_one_sharing_it_waits_about_half() -> None:
+    assert waited_share(0) < 0.2
+    assert 0.3 < waited_share(1) < 0.8, "two busy threads on one core: each waits about half the time"
+
+
+def test_where_the_statistics_are_missing_there_is_no_metric() -> None:
+    wait = CpuWait("/nonexistent/schedstat")
+    assert wait.read(1.0) == {} and wait.read(2.0) == {}
