@@ -89,7 +89,8 @@ class Monitor:
     ``StatsConfig``, or False.
     ``invariants``: the training invariants (:mod:`publisher.invariants`): True for the defaults,
     an :class:`~publisher.invariants.InvariantConfig`, or False. They need the optimizer(s).
-    ``memory_interval_s``: how often host and CUDA memory are read (0: every step).
+    ``memory_interval_s``: how often host and CUDA memory are read at least (0: every step); they
+    are also read every few steps (:data:`~publisher.collect.memory.DEFAULT_EVERY_STEPS`).
     """
 
     def __init__(
@@ -257,7 +258,7 @@ class Monitor:
         data_time = self._timer.data_time(data_time)
         if data_time is not None:
             metrics["data_time"] = float(data_time)
-        if now >= self._memory.next_at:
+        if self._memory.due(now):
             metrics.update(self._memory.read(now))
             metrics.update(self._cpu_wait.read(now))
 

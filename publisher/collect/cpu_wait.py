@@ -18,6 +18,10 @@ from __future__ import annotations
 SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
+#: Readings at least this far apart (a file read, ~10 us).
+INTERVAL_S = 0.1
+
+
 class CpuWait:
     """The share of time the calling thread waited for a CPU since its previous reading."""
 
@@ -26,9 +30,10 @@ class CpuWait:
         self._last: tuple[float, int] | None = None
 
     def read(self, now: float) -> dict[str, float]:
-        """``{"cpu_wait": share}`` since the previous call (empty on the first call, or where the
-        file does not exist, after which it is not tried again)."""
-        if self._path is None:
+        """``{"cpu_wait": share}`` since the previous reading, if :data:`INTERVAL_S` ago or more
+        (empty on the first call, sooner, or where the file does not exist, after which it is not
+        tried again)."""
+        if self._path is None or (self._last is not None and now - self._last[0] < INTERVAL_S):
             return {}
         try:
             with open(self._path, "rb") as stats:

@@ -1,6 +1,6 @@
 """What a run needs to be understood and reproduced later: versions, the reproduction record, RSS.
 
-Everything here is read once and cached, except :func:`host_rss_bytes` (a syscall, which the
+Everything here is read once and cached, except :func:`host_rss_bytes` (a ``pread``, which the
 Monitor samples at a bounded rate). Nothing here may fail a training run: a missing git, a
 missing torch or an odd platform give ``None`` fields, never exceptions.
 """
@@ -56,8 +56,26 @@ def _package_version(name: str) -> str | None:
 
 
 def host_rss_bytes() -> int:
-    """Resident set size of this process in bytes (one syscall: sample it, do not call per step)."""
+    """Resident set size of this process in bytes: one ``pread`` of ``/proc/self/statm`` kept open
+    (~1 us, cheap enough for every few steps), psutil elsewhere (~10 us)."""
+    pid = os.getpid()
+    if _statm[0] != pid:  # first call, or a forked child: /proc/self was resolved by the parent
+        try:
+            _statm[:] = [pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)]
+        except OSError:
+            _statm[:] = [pid, None]
+    fd = _statm[1]
+    if fd is not None:
+        try:
+            return int(os.pread(fd, 128, 0).split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            _statm[1] = None
     return _this_process().memory_info().rss
+
+
+#: ``[pid, fd]`` of the open ``/proc/self/statm`` (fd None: not available), and the page size.
+_statm: list[Any] = [None, None]
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @functools.cache

@@ -13,6 +13,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
+from publisher.collect.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
 from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
 
 _MIB = 1024 * 1024
@@ -379,8 +380,10 @@ class MemoryGrowth(Detector):
     (a list of losses that keep their graphs) adds about the same bytes every step for as long
     as the loop runs. Start-up is not: DataLoader workers starting, batches prefetched, the
     allocator filling its pools and caches warming all add memory at the beginning and then stop.
-    So a series is judged over its last ``window`` (8) readings (memory is read every 0.1 s by
-    default: about a second), after ``warmup`` (20) steps, and fires when
+    So a series is judged over its last ``window`` (6) readings (memory is read every 4 steps or
+    0.1 s, whichever is sooner, at most 50 times a second: :mod:`publisher.collect.memory`; closer
+    readings, from ``memory_interval_s=0``, are thinned to that cadence), after ``warmup`` (20)
+    steps, and fires when
 
     - it rose in all but one of them,
     - by at least ``min_bytes`` (32 MiB) and ``min_share`` (2 %) of where it started, and
@@ -396,14 +399,12 @@ class MemoryGrowth(Detector):
     SERIES = ("host_mem_bytes", "cuda_mem_allocated")
     quiet_to_close = 10
 
-    def __init__(self, warmup: int = 20, warmup_s: float = 2.0, window: int = 8, min_bytes: int = 32 * _MIB,
+    def __init__(self, warmup: int = 20, window: int = 6, min_bytes: int = 32 * _MIB,
                  min_share: float = 0.02, keep_pace: float = 0.75, long_share: float = 0.05,
                  history: int = 600) -> None:
         if window < 4:
             raise ValueError("MemoryGrowth: window >= 4 readings")
         self.warmup = warmup
-        self.warmup_s = warmup_s
-        self._elapsed = 0.0
         self.window = window
         self.min_bytes = min_bytes
         self.min_share = min_share
@@ -413,19 +414,24 @@ class MemoryGrowth(Detector):
             name: deque(maxlen=history) for name in self.SERIES
         }
         self._seen = 0
+        self._since: list[float] = [0, 0.0]  # steps and seconds since the latest reading judged
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         self._seen += 1
+        self._since[0] += 1
         step_time = metrics.get("step_time")
         if step_time is not None and math.isfinite(step_time):
-            self._elapsed += step_time
-        if self._seen <= self.warmup or (self._elapsed and self._elapsed < self.warmup_s):
+            self._since[1] += step_time
+        if self._seen <= self.warmup:
             return ()
+        if self._since[0] < DEFAULT_EVERY_STEPS and self._since[1] < DEFAULT_INTERVAL_S:
+            return ()  # readings closer than the Monitor's cadence (memory read every step) are thinned
         findings = []
         for name in self.SERIES:
             value = metrics.get(name)
             if value is None or not math.isfinite(value):
                 continue
+            self._since = [0, 0.0]
             readings = self._readings[name]
             readings.append((step, value))
             if len(readings) < self.window:

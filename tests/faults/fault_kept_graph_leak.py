@@ -1,0 +1,34 @@
+"""Fault: a held-out metric that keeps its graph. From loop index 100 each step also scores a
+held-out batch for a metric averaged later, ``held_out.append(loss_fn(model(x), y))``, without
+``torch.no_grad()`` and without ``.item()``: no backward ever frees those graphs, so every step
+keeps its held-out activations alive, about 2 MiB of host memory a step. Expected:
+``memory_growth`` within max(10 steps, 1 s).
+"""
+
+import torch
+from _harness import Case, Run, batches, main, mlp, paced, release_free_memory, train_step
+from torch import nn
+
+TRIGGER = 100
+STEP_S = 0.015
+
+
+def train(run: Run) -> None:
+    release_free_memory()
+    model = mlp((32, 256, 256, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.watch([optimizer], model)
+    held_out: list[torch.Tensor] = []
+    scored = batches(TRIGGER + 100, batch=640, dim=32, seed=1)
+    for step, batch in paced(batches(TRIGGER + 100, batch=64, dim=32), STEP_S):
+        train_step(model, optimizer, batch)
+        _, (x, y) = next(scored)
+        if step >= TRIGGER:
+            held_out.append(nn.functional.mse_loss(model(x), y))  # the bug: the graph stays alive
+
+
+CASE = Case("fault_kept_graph_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=10,
+            within_s=1.0, step_s=STEP_S)
+
+if __name__ == "__main__":
+    raise SystemExit(main(CASE))
