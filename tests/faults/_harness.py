@@ -52,6 +52,7 @@ import ctypes
 import importlib
 import itertools
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -272,6 +273,9 @@ class Case:
 
     ``step_s``: the step time the script paces its loop to (:func:`paced`), when it does; the
     issue's targets hold with the Monitor's default budgets on steps of 10 ms or more.
+    ``own_process``: :func:`run_batch` runs it in a process of its own, as a training runs: a leak
+    measured on the resident set size would otherwise first refill the memory that the scripts
+    before it freed (the allocator reuses it), and show late or not at all.
     """
 
     name: str
@@ -282,6 +286,7 @@ class Case:
     world_size: int = 1
     within_s: float | None = None
     step_s: float | None = None
+    own_process: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -467,6 +472,13 @@ def run_batch(case_names: Sequence[str], record_dir: Path, defaults: bool = Fals
     recording into ``record_dir``; a case that crashes leaves ``<name>.error`` with its traceback."""
     single = [n for n in case_names if _load(n).world_size == 1]
     for name in single:
+        if _load(name).own_process and len(case_names) > 1:
+            done = subprocess.run([sys.executable, __file__, "--record-dir", str(record_dir),
+                                   *(["--defaults"] if defaults else []), name],
+                                  capture_output=True, text=True, cwd=FAULTS_DIR)
+            if done.returncode:
+                (record_dir / f"{name}.error").write_text(done.stdout + done.stderr)
+            continue
         try:
             run_case(_load(name), record_dir=record_dir, defaults=defaults)
         except Exception:

@@ -28,7 +28,7 @@ def train(run: Run) -> None:
 
 
 CASE = Case("fault_kept_graph_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=10,
-            within_s=1.0, step_s=STEP_S)
+            within_s=1.0, step_s=STEP_S, own_process=True)
 
 if __name__ == "__main__":
     raise SystemExit(main(CASE))

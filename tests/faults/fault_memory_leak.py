@@ -27,7 +27,8 @@ def train(run: Run) -> None:
         run.step(loss)
 
 
-CASE = Case("fault_memory_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=25)
+CASE = Case("fault_memory_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=25,
+            own_process=True)
 
 if __name__ == "__main__":
     raise SystemExit(main(CASE))
