@@ -60,8 +60,9 @@ from publisher.monitor import Monitor
 #: the wrapped one, installed here as a Monitor would.
 TORCH_CROSS_ENTROPY = nn.functional.cross_entropy
 torch_calls.install()
-#: Distinct batches each arm cycles through (``full`` fingerprints them on the way).
-BATCHES = 16
+#: Distinct batches each arm cycles through, one pass of a small dataset (``full`` fingerprints
+#: some of them on the way: the first of each pass, then runs of consecutive ones).
+BATCHES = 128
 
 #: A subscriber in its own process: connects, says "ready" once it received a message, then
 #: reads and decodes everything until terminated, and prints how many messages it read.

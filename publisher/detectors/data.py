@@ -37,7 +37,7 @@ class _Passes:
     current: list[int] = field(default_factory=list)
     previous: list[int] = field(default_factory=list)
     previous_batches: int = 0  # batches in the whole previous pass
-    batches: int = 0  # so far in this pass
+    batches: int = 0  # so far in this pass (fingerprinted or not)
     replaying: bool = True  # this pass has matched the previous one's start so far
 
 
@@ -88,7 +88,7 @@ class DuplicateBatches(Detector):
                     passes.previous, passes.previous_batches = passes.current, passes.batches
                 passes.epoch, passes.current, passes.seen = batch.epoch, [], OrderedDict()
                 passes.batches, passes.replaying = 0, True
-            passes.batches += 1
+            passes.batches = batch.index + 1  # not every batch is fingerprinted
             repeat = self._within_pass(passes, batch)
             if repeat is not None:
                 findings.append(self._repeat(step, batch, repeat))

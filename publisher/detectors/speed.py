@@ -17,6 +17,8 @@ from publisher.collect.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
 from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
 
 _MIB = 1024 * 1024
+#: The longer span of memory readings (up to ``history``) is judged on every this-many-th reading.
+_LONG_SPAN_EVERY = 4
 
 
 def _rate(metrics: Metrics) -> tuple[str, float] | None:
@@ -415,6 +417,7 @@ class MemoryGrowth(Detector):
         }
         self._seen = 0
         self._since: list[float] = [0, 0.0]  # steps and seconds since the latest reading judged
+        self._counted = dict.fromkeys(self.SERIES, 0)
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         self._seen += 1
@@ -438,7 +441,8 @@ class MemoryGrowth(Detector):
                 continue
             recent = list(itertools.islice(readings, len(readings) - self.window, None))
             judged = self._growing(recent, self.min_share)
-            if judged is None:
+            self._counted[name] += 1
+            if judged is None and self._counted[name] % _LONG_SPAN_EVERY == 0:  # slow leaks show slowly
                 lowest = min(range(len(readings)), key=lambda i: readings[i][1])
                 span = list(itertools.islice(readings, lowest, None))
                 judged = self._growing(span, self.long_share) if len(span) >= self.window else None
