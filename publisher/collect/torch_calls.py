@@ -33,6 +33,9 @@ import torch
 #: :data:`MAX_COUNTED_CLASSES` classes); then the watch costs a shape read and a comparison a call.
 COUNTED_CALLS = 48
 MAX_COUNTED_CLASSES = 4096
+#: Once every watch knows the classes and the prior, the loss is looked at once in this many calls
+#: (a change of the class count is rare: a second task), so that the watch costs a counter a call.
+LOOK_EVERY = 64
 #: Gradients probed, and values probed in each, to tell whether ``clip_grad_value_`` saw only zeros.
 PROBED = 16
 
@@ -41,6 +44,7 @@ PROBED = 16
 _watches: tuple[weakref.ref[CallWatch], ...] = ()
 _install_lock = threading.Lock()
 _installed = False
+_quiet_calls = 0  # calls of the loss left before the next look (:data:`LOOK_EVERY`)
 
 
 class CallWatch:
@@ -60,17 +64,18 @@ class CallWatch:
         count, self.clips_without_gradients = self.clips_without_gradients, 0
         return count
 
-    def saw_classes(self, classes: int, target: Any) -> None:
+    def saw_classes(self, classes: int, target: Any) -> bool:
         """The trained loss scored ``classes`` classes against ``target``.
 
         Class-index labels are counted for the label prior over the first :data:`COUNTED_CALLS`
         calls, on their own device (``bincount`` is queued there like any kernel); the counts
         then come back to the host without waiting for the device (a non-blocking copy whose
         CUDA event is polled on later calls). Probability targets are not counted. Tells the
-        owner on the first call and once the prior is known.
+        owner on the first call and once the prior is known. True once there is nothing left to
+        count or read (only a change of the class count is news).
         """
         if classes == self._classes and self._counted >= COUNTED_CALLS and self._reading is None:
-            return
+            return True
         if classes != self._classes:
             self._classes, self._label_counts, self._counted, self._reading = classes, None, 0, None
         if self._counted < COUNTED_CALLS:
@@ -80,6 +85,7 @@ class CallWatch:
         if self._reading is not None and (self._reading[1] is None or self._reading[1].query()):
             counts, self._reading = self._reading[0], None
             self._on_classes(classes, label_entropy(counts))
+        return False
 
     def _count(self, classes: int, target: Any) -> None:
         if (not isinstance(target, torch.Tensor) or target.is_floating_point() or target.is_complex()
@@ -127,10 +133,11 @@ def watch(on_classes: Callable[[int, float | None], None]) -> CallWatch:
     """Install the wrappers (once per process) and register a new watch; it lives as long as its
     owner keeps a reference to it."""
     install()
-    global _watches
+    global _watches, _quiet_calls
     call_watch = CallWatch(on_classes)
     with _install_lock:
         _watches = (*_watches, weakref.ref(call_watch))
+        _quiet_calls = 0  # the new watch sees the next call
     return call_watch
 
 
@@ -219,8 +226,11 @@ def _all_zero(grads: list[torch.Tensor]) -> bool:
 def _cross_entropy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def cross_entropy(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        global _quiet_calls
         result = original(input, target, *args, **kwargs)
-        if _watches and not _compiling():
+        if _quiet_calls:
+            _quiet_calls -= 1
+        elif _watches and not _compiling():
             try:  # noqa: SIM105 (a plain try costs less than contextlib.suppress on every call)
                 _saw_classification(input, target)
             except Exception:  # noting must never break the user's loss
@@ -239,5 +249,7 @@ def _saw_classification(input: torch.Tensor, target: torch.Tensor) -> None:
     shape = input.shape
     classes = shape[1] if len(shape) >= 2 else shape[0] if shape else 0
     if classes >= 2:
-        for call_watch in _live_watches():
-            call_watch.saw_classes(classes, target)
+        settled = [call_watch.saw_classes(classes, target) for call_watch in _live_watches()]
+        if all(settled):
+            global _quiet_calls
+            _quiet_calls = LOOK_EVERY - 1
