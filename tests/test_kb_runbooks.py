@@ -128,3 +128,12 @@ def test_broken_team_runbook_is_skipped_and_the_rest_still_load(tmp_path: Path) 
             "escalate-1",
             "record-1",
         ]
+
+
+def test_the_readme_table_of_what_it_catches_names_every_event_kind() -> None:
+    """A new detector or invariant lands with its row in the README (and its runbook, above)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("### What it catches", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    named = {kind for row in rows for kind in row.split("|")[1].replace("`", "").replace(",", " ").split()}
+    assert set(EVENT_KINDS) <= named, sorted(set(EVENT_KINDS) - named)
