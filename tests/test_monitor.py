@@ -488,3 +488,28 @@ def test_a_training_script_imports_what_it_configures_from_the_package() -> None
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_zero_initialised_layer_is_not_dead_but_waiting_for_its_first_updates(tmp_path: Path) -> None:
+    """Zero-initialised layers (residual branches, ControlNet's zero convolutions) output zeros until
+    trained: no dead_activations (a dead ReLU still is one: tests/faults/fault_dead_relu.py)."""
+    torch.manual_seed(0)
+    record = tmp_path / "zero.jsonl"
+    # Two zero-initialised layers in a row: the first gets no gradient until the second has moved,
+    # so it still outputs zeros on the second step's forward (the first one sampled).
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
+                                torch.nn.Linear(32, 4))
+    for layer in (model[2], model[3]):
+        torch.nn.init.zeros_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Monitor(model, optimizer, run="zero-init", record=record, gpu="none") as mon:
+        for _ in range(12):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(torch.randn(16, 8)), torch.randn(16, 4))
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+    samples = [m["layers"] for m in of_type(messages_in(record), "metrics") if "layers" in m]
+    assert samples, "per-layer samples were taken"
+    assert "dead_activations" not in {e["kind"] for e in of_type(messages_in(record), "event")}

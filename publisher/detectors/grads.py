@@ -364,6 +364,16 @@ class UpdateRatio(Detector):
         )
 
 
+def _zero_weight_modules(sample: LayerSample) -> set[str]:
+    """Modules whose own parameters (``<module>.<name>``) were all measured and all zero."""
+    norms: dict[str, list[float | None]] = {}
+    for param in sample.params:
+        module, _, own = param.name.rpartition(".")
+        if own:
+            norms.setdefault(module, []).append(param.param_norm)
+    return {module for module, values in norms.items() if all(v == 0.0 for v in values)}
+
+
 class DeadActivations(Detector):
     """A module whose outputs are (almost) all zero in a training forward.
 
@@ -374,7 +384,10 @@ class DeadActivations(Detector):
     "dead"); or ``zero_frac`` at least ``all_zero`` (0.99, SageMaker's all-zero tensor), whatever
     the batch. One sample suffices (``confirm`` 1): a healthy layer does not come near either
     threshold even once, and the next sample is ``StatsConfig.every`` steps away. Modules whose
-    zeros are by design (dropout, identity) are not sampled at all.
+    zeros are by design (dropout, identity) are not sampled at all, and a module whose own
+    weights are all zero is not dead but zero-initialised, waiting for its first updates: the
+    last layer of a residual branch (Goyal et al., "Accurate, Large Minibatch SGD", 2017), a
+    ControlNet zero convolution, DiT's adaLN-Zero.
     """
 
     quiet_to_close = 3
@@ -391,10 +404,11 @@ class DeadActivations(Detector):
         if not sample.complete or not sample.modules:
             return ()
         dead = []
+        zero_weights = _zero_weight_modules(sample)
         for module in sample.modules:
             stats = module.values
             is_dead = ((stats["dead_frac"] >= self.dead_share and module.rows >= self.min_rows)
-                       or stats["zero_frac"] >= self.all_zero)
+                       or stats["zero_frac"] >= self.all_zero) and module.name not in zero_weights
             streak = self._streaks.setdefault(module.name, Streak())
             if streak.update(is_dead) >= self.confirm:
                 dead.append(module)
