@@ -240,19 +240,23 @@ def test_the_watched_calls_return_what_torch_returns_and_count_the_labels() -> N
     assert watch.take_clips_without_gradients() == 0
 
 
-def train_classifier(tmp_path: Path, name: str, labels: str, steps: int, classes: int = 10) -> dict[str, int]:
+def train_classifier(tmp_path: Path, name: str, labels: str, steps: int, classes: int = 10,
+                     corrupt_at: int | None = None) -> dict[str, int]:
     """Train on fresh inputs each step whose labels follow them (a teacher's, "learnable") or
-    not ("shuffled": drawn apart from the inputs, so there is nothing to learn nor to memorise)."""
+    not ("shuffled": drawn apart from the inputs, so there is nothing to learn nor to memorise).
+    At step ``corrupt_at`` one batch is corrupted: inputs scaled by 30, labels shuffled."""
     generator = torch.Generator().manual_seed(1)
     teacher = torch.randn(20, classes, generator=generator)
     model, optimizer = classifier(classes)
     record = tmp_path / f"{name}.jsonl"
     with Monitor(model, optimizer, record=record, gpu="none") as mon:
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             inputs = torch.randn(64, 20, generator=generator)
             targets = (inputs @ teacher).argmax(1)
-            if labels == "shuffled":
+            if labels == "shuffled" or step == corrupt_at:
                 targets = targets[torch.randperm(64, generator=generator)]
+            if step == corrupt_at:
+                inputs = inputs * 30
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(inputs), targets)
             loss.backward()
@@ -269,3 +273,10 @@ def test_a_classifier_that_learns_nothing_is_named_within_a_hundred_steps(tmp_pa
 
 def test_a_classifier_that_learns_is_not_at_chance(tmp_path: Path) -> None:
     assert "chance_loss" not in train_classifier(tmp_path, "learnable", "learnable", steps=300)
+
+
+def test_one_corrupted_batch_does_not_put_a_learned_classifier_at_chance(tmp_path: Path) -> None:
+    """Its loss of ~70 among losses of ~0.5 would lift a plain 48-step mean into the chance band."""
+    events = train_classifier(tmp_path, "corrupted", "learnable", steps=360, corrupt_at=300)
+    assert events.get("loss_spike") == 300, events
+    assert "chance_loss" not in events

@@ -264,11 +264,17 @@ def test_batches_reach_their_callbacks_in_order() -> None:
     assert not fetch.queue
 
 
-def test_memory_is_read_at_its_interval() -> None:
-    reader = MemoryReader(interval_s=0.5)
+def test_memory_is_read_at_its_interval_or_every_few_steps_not_sooner_than_its_floor() -> None:
+    reader = MemoryReader(interval_s=0.5, every_steps=4)
     values = reader.read(now=10.0)
     assert values["host_mem_bytes"] > 10_000_000 and "cuda_mem_allocated" not in values
-    assert reader.next_at == 10.5
+    assert [reader.due(10.1 + i / 100) for i in range(4)] == [False, False, False, True], "the 4th step"
+    reader.read(now=20.0)
+    assert [reader.due(20.001 + i / 1000) for i in range(6)] == [False] * 6, "fast steps: not within 20 ms"
+    assert reader.due(20.03)
+    slow = MemoryReader(interval_s=0.5, every_steps=1_000_000)
+    slow.read(now=10.0)
+    assert not slow.due(10.49) and slow.due(10.5), "long steps: every interval_s"
     with pytest.raises(ValueError, match="memory interval"):
         MemoryReader(interval_s=-1)
 

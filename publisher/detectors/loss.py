@@ -372,9 +372,11 @@ class ChanceLoss(Detector):
     the logits and the labels' entropy H (counted over the first calls), so chance is a number to
     compare with. Fires when, over the last ``window`` (48) steps after ``settle`` (10):
 
-    - the mean loss is in the chance band: no lower than H by more than ``z`` (2.5) standard
-      errors of that mean (or ``margin``, 0.5 %, of H; 10 % at most), no higher than ``log C`` by more than
-      ``tolerance`` (2 %). Between the two a model is at most learning the prior, not the inputs;
+    - the mean loss (each clipped to ``FENCE`` robust deviations of the window's median, so that
+      one corrupted batch does not lift it) is in the chance band: no lower than H by more than
+      ``z`` (2.5) standard errors of that mean (or ``margin``, 0.5 %, of H; 10 % at most), no
+      higher than ``log C`` by more than ``tolerance`` (2 %). Between the two a model is at most
+      learning the prior, not the inputs;
     - and it is not on its way out: the least-squares line through the window, carried
       ``horizon`` (3) windows ahead, is still above the band's floor. A slow learner still at
       chance but going down surely (the loss of a small learning rate) stays quiet;
@@ -390,6 +392,10 @@ class ChanceLoss(Detector):
     """
 
     quiet_to_close = 50
+    #: Losses further than this many robust standard deviations from the window's median count as
+    #: the fence (one corrupted batch of loss 70 among losses of 0.5 would otherwise lift the
+    #: window's mean into the chance band for 48 steps).
+    FENCE = 5.0
 
     def __init__(self, settle: int = 10, window: int = 48, horizon: float = 3.0, z: float = 2.5,
                  margin: float = 0.005, tolerance: float = 0.02) -> None:
@@ -424,10 +430,11 @@ class ChanceLoss(Detector):
             return ()
         log_c = math.log(context.classes)
         prior = context.label_entropy or log_c
-        mean = statistics.fmean(self._losses)
+        losses = _winsorized(self._losses, self.FENCE)
+        mean = statistics.fmean(losses)
         if not prior * (1 - _WIDEST_BAND) <= mean <= log_c * (1 + self.tolerance):
             return ()  # far from chance: no line to fit
-        slope, spread = _fit(self._losses)
+        slope, spread = _fit(losses)
         below = max(self.z * spread / math.sqrt(self.window), self.margin * prior)
         floor = prior - min(below, _WIDEST_BAND * prior)
         projected = mean + slope * self.horizon * self.window
@@ -465,6 +472,17 @@ class ChanceLoss(Detector):
                 },
             ),
         )
+
+
+def _winsorized(values: Sequence[float], fence: float) -> list[float]:
+    """``values`` clipped to their median +/- ``fence`` robust standard deviations (1.4826 x the
+    median absolute deviation, the normal-consistent scale of Rousseeuw & Croux, JASA 1993), so one
+    outlier moves a mean or a least-squares line by no more than an ordinary value would."""
+    ordered = sorted(values)
+    median = statistics.median(ordered)
+    scale = 1.4826 * statistics.median(sorted(abs(v - median) for v in ordered))
+    low, high = median - fence * scale, median + fence * scale
+    return [min(max(v, low), high) for v in values]
 
 
 def _fit(values: Sequence[float]) -> tuple[float, float]:

@@ -39,9 +39,10 @@ what a user gets and what the issue's targets are stated for (on steps of 10 ms 
 with ``step_s``).
 
 The tests run the scripts as real subprocesses (:func:`run_batch`: one process runs several
-scripts one after the other, so Python and torch start once) or in-process (:func:`run_case`)::
+scripts one after the other, so Python and torch start once) or in-process (:func:`run_case`; a
+leak case, ``own_process``, always in a fresh process)::
 
-    python tests/faults/_harness.py --record-dir DIR [--defaults] NAME...   # the tests' batch runner
+    python tests/faults/_harness.py --record-dir DIR [--defaults] [--no-model] NAME...   # the batch runner
 """
 
 from __future__ import annotations
@@ -324,7 +325,21 @@ class Verdict:
 
 def run_case(case: Case, model_known: bool = True, config: InvariantConfig | None = None,
              record_dir: Path | None = None, defaults: bool = False) -> list[Recording]:
-    """Run a case in this process, or in ``world_size`` gloo processes; one recording per rank."""
+    """Run a case in this process, in a fresh one (``own_process``, default config only), or in
+    ``world_size`` gloo processes; one recording per rank."""
+    if case.own_process and config is None:
+        with contextlib.ExitStack() as stack:
+            out = record_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tuimon-case-")))
+            error = _spawn([case.name], out, defaults, model_known)
+            if error:
+                raise RuntimeError(f"{case.name} failed in its own process:\n{error}")
+            return recordings_of(case.name, 1, out)
+    return _run_here(case, model_known, config, record_dir, defaults)
+
+
+def _run_here(case: Case, model_known: bool = True, config: InvariantConfig | None = None,
+              record_dir: Path | None = None, defaults: bool = False) -> list[Recording]:
+    """:func:`run_case` in this process (or, for several ranks, in gloo processes it starts)."""
     if case.world_size == 1:
         run = Run(model_known=model_known, config=config, record_dir=record_dir, case_name=case.name,
                   defaults=defaults, fault_from=None if case.healthy else case.trigger)
@@ -460,27 +475,28 @@ def main(case: Case) -> int:
         return 0
     if args.record_dir:
         args.record_dir.mkdir(parents=True, exist_ok=True)
-    recordings = run_case(case, record_dir=args.record_dir, defaults=args.defaults)
+    # A script run standalone is a process of its own already.
+    recordings = _run_here(case, record_dir=args.record_dir, defaults=args.defaults)
     return 0 if report(case, recordings).passed else 1
 
 
 # --------------------------------------------------------------------------- several scripts, processes
 
 
-def run_batch(case_names: Sequence[str], record_dir: Path, defaults: bool = False) -> None:
-    """Run scripts one after the other in this process (2-process cases in one gloo pair), each
-    recording into ``record_dir``; a case that crashes leaves ``<name>.error`` with its traceback."""
+def run_batch(case_names: Sequence[str], record_dir: Path, defaults: bool = False,
+              model_known: bool = True) -> None:
+    """Run scripts one after the other in this process (2-process cases in one gloo pair; an
+    ``own_process`` case, among others, in a process of its own), each recording into
+    ``record_dir``; a case that crashes leaves ``<name>.error`` with its traceback."""
     single = [n for n in case_names if _load(n).world_size == 1]
     for name in single:
         if _load(name).own_process and len(case_names) > 1:
-            done = subprocess.run([sys.executable, __file__, "--record-dir", str(record_dir),
-                                   *(["--defaults"] if defaults else []), name],
-                                  capture_output=True, text=True, cwd=FAULTS_DIR)
-            if done.returncode:
-                (record_dir / f"{name}.error").write_text(done.stdout + done.stderr)
+            error = _spawn([name], record_dir, defaults, model_known)
+            if error:
+                (record_dir / f"{name}.error").write_text(error)
             continue
         try:
-            run_case(_load(name), record_dir=record_dir, defaults=defaults)
+            _run_here(_load(name), model_known, record_dir=record_dir, defaults=defaults)
         except Exception:
             (record_dir / f"{name}.error").write_text(traceback.format_exc())
     for size, names in itertools.groupby(sorted((_load(n).world_size, n) for n in case_names
@@ -491,6 +507,14 @@ def run_batch(case_names: Sequence[str], record_dir: Path, defaults: bool = Fals
         except Exception:
             for name in group:
                 (record_dir / f"{name}.error").write_text(traceback.format_exc())
+
+
+def _spawn(case_names: Sequence[str], record_dir: Path, defaults: bool, model_known: bool) -> str:
+    """:func:`run_batch` in a new Python process; what it printed if it failed, else ``""``."""
+    options = [*(["--defaults"] if defaults else []), *([] if model_known else ["--no-model"])]
+    done = subprocess.run([sys.executable, __file__, "--record-dir", str(record_dir), *options, *case_names],
+                          capture_output=True, text=True, cwd=FAULTS_DIR)
+    return done.stdout + done.stderr if done.returncode else ""
 
 
 def recordings_of(name: str, world_size: int, record_dir: Path) -> list[Recording]:
@@ -738,11 +762,13 @@ def _cli(argv: Sequence[str]) -> int:
     parser.add_argument("--table", action="store_true", help="print the detection-delay table")
     parser.add_argument("--defaults", action="store_true",
                         help="the Monitor's default budgets instead of the pinned ones")
+    parser.add_argument("--no-model", action="store_true",
+                        help="the Monitor is not given the model (it finds it at a forward)")
     args = parser.parse_args(argv)
     if not args.table:
         if args.record_dir is None:
             parser.error("--record-dir is needed without --table")
-        run_batch(args.names, args.record_dir, args.defaults)
+        run_batch(args.names, args.record_dir, args.defaults, model_known=not args.no_model)
         return 0
     names = args.names or fault_names()
     with tempfile.TemporaryDirectory(prefix="tuimon-faults-") as tmp:

@@ -27,8 +27,8 @@ def train(run: Run) -> None:
         run.step(loss)
 
 
-CASE = Case("fault_memory_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=25,
-            own_process=True)
+CASE = Case("fault_memory_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=10,
+            within_s=1.0, own_process=True)
 
 if __name__ == "__main__":
     raise SystemExit(main(CASE))
