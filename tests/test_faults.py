@@ -148,11 +148,11 @@ def test_detector_events_say_what_was_seen_and_why(suite: Path) -> None:
     assert details["first_to_last"] < 1e-3
 
 
-def tuimon_run(tmp_path: Path, script: str) -> list[h.Recording]:
+def tuimon_run(tmp_path: Path, script: str, *options: str) -> list[h.Recording]:
     prefix = tmp_path / "rec" / "run"
     done = subprocess.run(
         [sys.executable, "-m", "tuimon.cli", "run", "--run", script, "--record", str(prefix), "--gpu", "none",
-         "--", sys.executable, str(FAULTS / f"{script}.py"), "--plain"],
+         *options, "--", sys.executable, str(FAULTS / f"{script}.py"), "--plain"],
         capture_output=True, text=True, timeout=120, env=_env(tmp_path),
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -172,6 +172,13 @@ def test_an_unmodified_script_under_tuimon_run_is_caught_the_same_way(
     for kind, delay in watched.delays.items():
         # tuimon run builds its Monitor inside the first optimizer step: one step later at most.
         assert delay is not None and zero_code.delays[kind] in (delay, delay + 1), (kind, zero_code.delays)
+
+
+def test_repeated_batches_said_to_be_deliberate_on_tuimon_run_are_not_reported(tmp_path: Path) -> None:
+    case = _case("fault_same_worker_seed")
+    assert h.judge(case, tuimon_run(tmp_path / "plain", case.name)).passed
+    [deliberate] = tuimon_run(tmp_path / "deliberate", case.name, "--repeated-batches")
+    assert deliberate.metrics() and not deliberate.events("duplicate_batches")
 
 
 def test_healthy_script_under_tuimon_run_stays_quiet(tmp_path: Path) -> None:

@@ -52,6 +52,8 @@ ENV_RUN = "TUIMON_RUN"
 ENV_RECORD = "TUIMON_RECORD"
 ENV_ENDPOINT = "TUIMON_ENDPOINT"
 ENV_GPU = "TUIMON_GPU"
+#: "1": the program repeats batches on purpose (an overfit-one-batch check).
+ENV_REPEATED_BATCHES = "TUIMON_REPEATED_BATCHES"
 
 #: Losses kept between two training steps (their mean is the step's loss): ample for gradient
 #: accumulation, and a bound for programs that never step an optimizer.
@@ -111,6 +113,7 @@ class _Session:
             endpoint=endpoint_for(os.environ.get(ENV_ENDPOINT), int(os.environ.get("LOCAL_RANK") or 0)),
             record=record_path(prefix, rank, os.getpid()) if prefix else None,
             gpu=os.environ.get(ENV_GPU) or "auto",
+            repeated_batches=os.environ.get(ENV_REPEATED_BATCHES) == "1",
         )
         self.primary = optimizer
         self.optimizers.append(optimizer)

@@ -46,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="GPU telemetry source (default: NVML when a driver exists)",
     )
+    parser.add_argument(
+        "--repeated-batches",
+        action="store_true",
+        help="the program repeats batches on purpose (an overfit-one-batch check): not reported",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     parser.set_defaults(handler=run)
 
@@ -57,7 +62,8 @@ def _default_run_name(command: list[str]) -> str:
 
 
 def child_environment(
-    *, run: str, record: str | None, endpoint: str | None, gpu: str, base: dict[str, str] | None = None
+    *, run: str, record: str | None, endpoint: str | None, gpu: str, repeated_batches: bool = False,
+    base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment that makes every Python process of the job load the publisher's hooks."""
     from publisher.autohook import AUTOSTART_DIR
@@ -68,6 +74,7 @@ def child_environment(
     env["TUIMON_AUTOSTART"] = "1"
     env["TUIMON_RUN"] = run
     env["TUIMON_GPU"] = gpu
+    env["TUIMON_REPEATED_BATCHES"] = "1" if repeated_batches else "0"
     for name, value in (("TUIMON_RECORD", record), ("TUIMON_ENDPOINT", endpoint)):
         if value:
             env[name] = value
@@ -89,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         record = str(Path(args.record).expanduser().resolve())
         Path(record).parent.mkdir(parents=True, exist_ok=True)
     env = child_environment(
-        run=args.run or _default_run_name(command), record=record, endpoint=args.endpoint, gpu=args.gpu
+        run=args.run or _default_run_name(command), record=record, endpoint=args.endpoint, gpu=args.gpu,
+        repeated_batches=args.repeated_batches,
     )
     child = subprocess.Popen(command, env=env)
     previous = {
