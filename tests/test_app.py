@@ -9,12 +9,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from conftest import RawPublisher, synthetic_run, wait_for_screen, write_recording
+from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from tuimon.sources.live import LiveSource
 from tuimon.sources.replay import ReplaySource
+from tuimon.store import EventRecord
 from tuimon.ui.app import TuimonApp
 from tuimon.ui.dashboard.charts import MetricChart, envelope
 from tuimon.ui.dashboard.events import EventLog
@@ -338,6 +340,25 @@ async def test_panels_are_redrawn_only_when_what_they_show_changes(recording: Pa
         assert redraws == Counter()
         await pilot.press("home")  # the store is rebuilt: everything is drawn again
         await wait_for_screen(pilot, lambda: set(redraws) == {*panels, "chart"}, what="all panels redrawn")
+
+
+async def test_a_frame_drawn_before_the_table_measures_its_rows_does_not_cut_their_messages() -> None:
+    """On a busy event loop a frame can be drawn between ``add_row`` and the table's measure; the
+    cells it cached at the header's width must not outlive the measure (the end of a replay has no
+    later update to replace them)."""
+
+    class OneLog(App):
+        def compose(self) -> ComposeResult:
+            yield EventLog()
+
+    message = "loss 43.8 at step 168, rank 0 is 56.3x its recent mean"
+    async with OneLog().run_test(size=(160, 12)) as pilot:
+        log = pilot.app.query_one(EventLog)
+        log.show([EventRecord("e1", 0, 168, "warning", "loss_spike", message, {}, 1, 0.0, 0.0)])
+        for y in range(log.size.height):  # the early frame
+            log.render_line(y)
+        await pilot.pause(0.2)
+        assert message in "\n".join(log.render_line(y).text for y in range(log.size.height))
 
 
 def counted(method: Callable[..., object], name: str, calls: Counter[str]) -> Callable[..., object]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from textual import events
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
@@ -35,3 +36,19 @@ class RowTable(DataTable, inherit_bindings=False):
         header's width until the next key press (seen as messages cut to a few characters).
         """
         self.check_idle()
+
+    async def _on_idle(self, event: events.Idle) -> None:
+        """DataTable's own idle work (measuring new rows and updated cells), then a redraw at the
+        new widths when they changed.
+
+        DataTable caches each rendered cell under a key that omits the column's width; a frame
+        drawn between ``add_row`` and this measure (a busy event loop) cached the cells at the
+        header's width, and nothing cleared them until the rows changed again: at the end of a
+        replay the messages stayed cut to a few characters.
+        """
+        widths = [column.get_render_width(self) for column in self.ordered_columns]
+        await super()._on_idle(event)
+        event.prevent_default()  # DataTable's handler has run, above: not again
+        if [column.get_render_width(self) for column in self.ordered_columns] != widths:
+            self._clear_caches()
+            self.refresh()
