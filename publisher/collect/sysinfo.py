@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 from importlib import metadata
@@ -20,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from publisher.wire.hostname import host_name, machine_name
 from publisher.wire.jsonsafe import json_safe
 
 #: A git that hangs (network filesystem, huge repo) must not delay the start of training.
@@ -145,6 +145,15 @@ def torch_seed() -> int | None:
     return int(torch.initial_seed())
 
 
+def _reported_host() -> str:
+    """The host the envelope names (``$TUIMON_HOST`` or the machine's). A bad ``$TUIMON_HOST``
+    stops the Publisher before this runs; here it must not fail a run, so the machine's name."""
+    try:
+        return host_name()
+    except ValueError:
+        return machine_name()
+
+
 def reproduction_record(config: Any = None, seed: int | None = None) -> dict[str, Any]:
     """Everything needed to re-run this process: command, place, code version, seeds, switches.
 
@@ -159,7 +168,7 @@ def reproduction_record(config: Any = None, seed: int | None = None) -> dict[str
         "executable": sys.executable,
         "cwd": cwd,
         "pid": os.getpid(),
-        "hostname": socket.gethostname(),
+        "hostname": _reported_host(),
         "git": git_state(cwd),
         "config_hash": config_hash(config),
         "determinism": determinism_flags(),

@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from publisher.wire.hostname import machine_name
 from publisher.wire.protocol import PROTOCOL_VERSION
 
 #: A registry file is a few hundred bytes; anything much larger is not ours and is not read.
@@ -39,7 +39,11 @@ _MAX_NAME_CHARS = 100
 
 @dataclass(frozen=True)
 class RegistryEntry:
-    """One live publisher: where to subscribe (``pub``), where to ask for a snapshot, and who it is."""
+    """One live publisher: where to subscribe (``pub``), where to ask for a snapshot, and who it is.
+
+    ``host`` is the name the publisher reports (``$TUIMON_HOST`` may have chosen it); ``machine``
+    is the machine its ``pid`` lives on, the same as ``host`` unless it was overridden.
+    """
 
     run: str
     rank: int
@@ -50,6 +54,7 @@ class RegistryEntry:
     record: str | None
     started: float
     path: Path
+    machine: str
 
 
 def runtime_dir() -> Path:
@@ -100,9 +105,12 @@ def register(
     snapshot: str,
     record: str | None,
     started: float,
+    machine: str | None = None,
 ) -> Path:
     """Announce a live publisher; returns the file to pass to :func:`unregister`.
 
+    ``machine`` is the machine ``pid`` runs on, when ``host`` is a name of the user's choosing
+    (``$TUIMON_HOST``); readers judge whether the entry is alive by it. It defaults to ``host``.
     Written to a temporary file and renamed into place, so a reader never sees half an entry.
     """
     directory = runtime_dir()
@@ -111,6 +119,7 @@ def register(
         "run": run,
         "rank": rank,
         "host": host,
+        "machine": host if machine is None else machine,
         "pid": pid,
         "pub": pub,
         "snapshot": snapshot,
@@ -148,10 +157,12 @@ def _parse_entry(path: Path) -> RegistryEntry | None:
         return None
     record = data.get("record")
     started = data.get("started")
+    machine = data.get("machine", data.get("host"))  # entries written before "machine" existed
     fields_ok = (
         all(isinstance(data.get(name), str) for name in ("run", "host", "pub", "snapshot"))
         and all(type(data.get(name)) is int for name in ("rank", "pid"))
         and (record is None or isinstance(record, str))
+        and isinstance(machine, str)
         and type(started) in (int, float)
     )
     if not fields_ok:
@@ -166,6 +177,7 @@ def _parse_entry(path: Path) -> RegistryEntry | None:
         record=record,
         started=float(started),
         path=path,
+        machine=machine,
     )
 
 
@@ -185,15 +197,17 @@ def _is_alive(pid: int, started: float) -> bool:
 def live_entries(directory: Path | None = None) -> list[RegistryEntry]:
     """Publishers alive on this host, oldest first (then by rank); stale entries are removed.
 
-    Entries from another host (a runtime folder on a shared file system) are skipped but kept:
-    their pid means nothing here. Files that are not valid entries are skipped and left alone.
+    Entries from another machine (a runtime folder on a shared file system) are skipped but kept:
+    their pid means nothing here. The machine is the entry's ``machine``, not its ``host``, so a
+    run renamed with ``$TUIMON_HOST`` on this machine is still found here. Files that are not
+    valid entries are skipped and left alone.
     """
     directory = runtime_dir() if directory is None else directory
-    this_host = socket.gethostname()
+    this_machine = machine_name()
     entries = []
     for path in directory.glob("*.json"):
         entry = _parse_entry(path)
-        if entry is None or entry.host != this_host:
+        if entry is None or entry.machine != this_machine:
             continue
         if _is_alive(entry.pid, entry.started):
             entries.append(entry)

@@ -26,7 +26,6 @@ import contextlib
 import ipaddress
 import logging
 import os
-import socket
 import threading
 import time
 from collections import deque
@@ -38,6 +37,7 @@ import zmq
 
 from publisher.wire import registry, snapshot_gate
 from publisher.wire.history import SnapshotHistory
+from publisher.wire.hostname import host_name, machine_name
 from publisher.wire.protocol import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
@@ -75,7 +75,7 @@ def _name(what: str, value: str) -> str:
     return value
 
 
-def _loopback_only(endpoint: str) -> bool:
+def loopback_only(endpoint: str) -> bool:
     """Whether a bound address is reachable from this machine only (ipc, or tcp on loopback)."""
     if not endpoint.startswith("tcp://"):
         return True
@@ -125,7 +125,8 @@ class Publisher:
             raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s!r}")
         self.run = _name("run", run)
         self.rank = rank
-        self.host = _name("host", host or socket.gethostname())
+        # $TUIMON_HOST, checked here so that a bad value stops the start, not every viewer later.
+        self.host = _name("host", host or host_name())
         self._queue: deque[_QueuedMessage] = deque()
         self._queue_max = queue_max
         self._heartbeat_s = heartbeat_s
@@ -197,7 +198,7 @@ class Publisher:
                 f"cannot publish on {endpoint!r}: {zmq.strerror(exc.errno)}; "
                 f"use an address such as {_ENDPOINT_EXAMPLES}"
             ) from None
-        if not _loopback_only(self._endpoint):
+        if not loopback_only(self._endpoint):
             log.warning(
                 "tuimon: run %r publishes on %s, beyond this machine: anyone who can reach it can read "
                 "its metrics, events, config, argv and working directory, and send to its snapshot "
@@ -215,6 +216,7 @@ class Publisher:
                 run=self.run,
                 rank=self.rank,
                 host=self.host,
+                machine=machine_name(),
                 pid=self._pid,
                 pub=self._endpoint,
                 snapshot=self._snapshot_endpoint,

@@ -52,6 +52,7 @@ MAX_FRAME_BYTES = {
     "heartbeat": 16 * 1024,
     "run_end": 16 * 1024,
     "run_start": 1024 * 1024,
+    "relay": 64 * 1024,
 }
 
 #: Why a message was refused, as the viewer's status line counts them.
@@ -221,6 +222,19 @@ def _heartbeat(message: Mapping[str, Any]) -> None:
     _object(message, "stats")
 
 
+def _relay(message: Mapping[str, Any]) -> None:
+    _choice(message, "role", ("root", "node"))
+    _string(message, "listen", MAX_NAME_CHARS)
+    _string(message, "upstream", MAX_NAME_CHARS, required=False)
+    _integer(message, "publishers")
+    ranks = message.get("ranks")
+    if ranks is not None:
+        if not isinstance(ranks, list) or len(ranks) > MAX_LIST_ITEMS:
+            raise _error("field 'ranks' must be a list of at most 4,096 publishers")
+        check_free_form(ranks, "field 'ranks'")
+    _object(message, "stats")
+
+
 def _run_start(message: Mapping[str, Any]) -> None:
     for field in ("config", "versions", "repro", "model"):
         _object(message, field)
@@ -253,6 +267,7 @@ BODY_CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     "heartbeat": _heartbeat,
     "run_start": _run_start,
     "run_end": _run_end,
+    "relay": _relay,
 }
 
 

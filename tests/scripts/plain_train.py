@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -11,6 +12,7 @@ parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--nan-at", type=int, default=-1, help="make the loss NaN at this step")
 parser.add_argument("--raise-at", type=int, default=-1, help="raise an exception after this step")
 parser.add_argument("--exit-code", type=int, default=0)
+parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step")
 parser.add_argument("--subclass", action="store_true", help="an SGD subclass whose step() calls super()")
 args = parser.parse_args()
 
@@ -39,6 +41,7 @@ while step < args.steps:
         loss.backward()
         optimizer.step()
         step += 1
+        time.sleep(args.step_delay)
         if step == args.raise_at:
             raise RuntimeError("boom")
         if step >= args.steps:

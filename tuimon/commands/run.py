@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="GPU telemetry source (default: NVML when a driver exists)",
     )
     parser.add_argument(
+        "--relay",
+        metavar="ADDR",
+        help="the job's root relay (`tuimon relay --root --listen ADDR`): this node's first process "
+        "starts the node relay that forwards to it (default: $TUIMON_RELAY)",
+    )
+    parser.add_argument(
         "--repeated-batches",
         action="store_true",
         help="the program repeats batches on purpose (an overfit-one-batch check): not reported",
@@ -83,6 +90,33 @@ def child_environment(
     return env
 
 
+#: Seconds the node relay keeps forwarding after the command ends, so its run_end reaches the root.
+_RELAY_LINGER_S = 1.0
+
+
+def _start_node_relay(root: str | None, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """The node relay for ``tuimon run --relay ROOT``, started by the node's first process only
+    (``LOCAL_RANK`` unset, as when ``tuimon run`` wraps ``torchrun``, or 0, as when each worker
+    runs under ``tuimon run``); None when there is no root or another process of the node has it."""
+    if not root or os.environ.get("LOCAL_RANK", "0") != "0":
+        return None
+    from tuimon.sources.live import parse_endpoint
+
+    relay_env = {name: value for name, value in env.items() if name not in ("PYTHONPATH", "TUIMON_AUTOSTART")}
+    relay_env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    return subprocess.Popen([sys.executable, "-m", "tuimon.cli", "relay", "--upstream", parse_endpoint(root)],
+                            env=relay_env)
+
+
+def _stop_node_relay(relay: subprocess.Popen[bytes]) -> None:
+    time.sleep(_RELAY_LINGER_S)
+    relay.terminate()
+    try:
+        relay.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        relay.kill()
+
+
 def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -99,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         run=args.run or _default_run_name(command), record=record, endpoint=args.endpoint, gpu=args.gpu,
         repeated_batches=args.repeated_batches,
     )
+    relay = _start_node_relay(args.relay or os.environ.get("TUIMON_RELAY"), env)
     child = subprocess.Popen(command, env=env)
     previous = {
         sig: signal.signal(sig, lambda signum, frame: child.send_signal(signum)) for sig in _FORWARDED
@@ -108,5 +143,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if relay is not None:
+            _stop_node_relay(relay)
     # A child killed by a signal: report it the way a shell does.
     return 128 - status if status < 0 else status

@@ -1,54 +1,46 @@
-"""Live source: one SUB socket on a daemon thread, plus the snapshot client for late joiners.
+"""Live source: the dashboard's view of running trainings, received on a daemon thread.
 
-The thread polls, then drains with NOBLOCK in batches (a poll per message tops out far lower),
-decodes and validates every frame with :func:`publisher.wire.protocol.decode`, and applies each batch
-to the :class:`~tuimon.store.Store` under its lock in one go. Nothing that arrives on the wire can
-stop it: a bad frame is counted and skipped.
-
-Late joiners follow ZeroMQ's clone pattern (docs/protocol.md): the first message heard from a
-sender proves the subscription is live; from then on its messages are buffered while a DEALER asks
-the sender's ROUTER for a snapshot (address from its heartbeat or its registry entry). The snapshot
-is applied, then the buffered messages with ``seq`` above the snapshot's, so nothing is missed or
-applied twice. A sender that does not answer within :data:`SNAPSHOT_TIMEOUT_S` is shown live only.
+A :class:`~tuimon.sources.receiver.Receiver` does the listening (SUB socket, registry scan, snapshot
+client for late joiners, validation) and applies what it hears to :attr:`LiveSource.store`.
+:func:`parse_endpoint` reads an address given on a command line (every command that takes one uses
+it); :func:`listen_targets` decides where a viewer listens: those addresses, else the run registry
+(``watch`` and ``tail`` share it).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
-from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode
-from publisher.wire.registry import live_entries, runtime_dir
+from publisher.wire.registry import runtime_dir
 from tuimon.errors import UserError
 from tuimon.sources.base import Source
-from tuimon.store import SourceStatus, Store
+from tuimon.sources.receiver import (
+    REGISTRY_SCAN_S,
+    SILENT_ENDPOINT_S,
+    SNAPSHOT_TIMEOUT_S,
+    WAITING_HINT,
+    MessageSink,
+    Receiver,
+    describe_targets,
+)
+from tuimon.store import Store
 
-#: Seconds to wait for a snapshot reply before showing the sender's live messages only.
-SNAPSHOT_TIMEOUT_S = 2.0
-#: Seconds to wait for a sender's first heartbeat (it carries the snapshot address).
-HEARTBEAT_WAIT_S = 2.0
-#: Seconds between scans of the registry for new runs.
-REGISTRY_SCAN_S = 2.0
-#: Seconds of silence from an explicit endpoint before the screen says so.
-SILENT_ENDPOINT_S = 5.0
-#: Frames read per drain before they are applied (bounds the time the store's lock is held).
-BATCH_FRAMES = 5_000
-#: Live messages buffered per sender while its snapshot is pending; beyond it, carry on live.
-BUFFER_LIMIT = 200_000
-#: Messages the SUB socket queues before ZeroMQ drops (visible as gaps in ``seq``).
-RECEIVE_HWM = 200_000
-_POLL_MS = 50
-_STATUS_EVERY_S = 0.25
+__all__ = [
+    "ENDPOINT_EXAMPLE",
+    "REGISTRY_SCAN_S",
+    "SILENT_ENDPOINT_S",
+    "SNAPSHOT_TIMEOUT_S",
+    "LiveSource",
+    "listen_targets",
+    "parse_endpoint",
+]
 
 ENDPOINT_EXAMPLE = "tcp://127.0.0.1:5555"
 _TCP = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>\d+)")
@@ -86,23 +78,19 @@ def parse_endpoint(text: str) -> str:
     )
 
 
-@dataclass
-class _Sender:
-    """Per (run, rank): whether its live messages are applied yet, and what waits meanwhile."""
-
-    first_seen: float
-    live: bool = False
-    buffer: list[dict[str, Any]] = field(default_factory=list)
-    dealer: zmq.Socket | None = None
-    requested_at: float | None = None
-
-
-@dataclass
-class _Endpoint:
-    """An explicit endpoint's connection state, from the socket monitor."""
-
-    connected: bool = False
-    since: float = 0.0
+def listen_targets(
+    endpoints: Sequence[str], registry_dir: Path | None = None
+) -> tuple[list[str], Path | None]:
+    """Where to listen: the ``endpoints`` normalised, or, when there are none, the registry folder
+    to scan (``registry_dir``, else the user's runtime folder). Raises a :class:`UserError` for a
+    bad endpoint or an unusable runtime folder, before anything is opened."""
+    parsed = [parse_endpoint(endpoint) for endpoint in endpoints]
+    if not parsed and registry_dir is None:
+        try:
+            registry_dir = runtime_dir()
+        except PermissionError as exc:
+            raise UserError(str(exc)) from None
+    return parsed, registry_dir
 
 
 class LiveSource:
@@ -120,18 +108,12 @@ class LiveSource:
         *,
         run: str | None = None,
         registry_dir: Path | None = None,
-        waiting_hint: str = "waiting for runs — start one with the publisher or `tuimon run`",
+        waiting_hint: str = WAITING_HINT,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.endpoints = [parse_endpoint(endpoint) for endpoint in endpoints]
+        self.endpoints, self.registry_dir = listen_targets(endpoints, registry_dir)
         self.run = run
-        self.registry_dir = registry_dir
         self.waiting_hint = waiting_hint
-        if not self.endpoints and registry_dir is None:
-            try:
-                self.registry_dir = runtime_dir()
-            except PermissionError as exc:
-                raise UserError(str(exc)) from None
         self.store = Store(clock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,256 +131,26 @@ class LiveSource:
 
     def where(self) -> str:
         """Where this source looks, in words (for "waiting" messages)."""
-        if self.endpoints:
-            return ", ".join(self.endpoints)
-        return f"the run registry {self.registry_dir}"
+        return describe_targets(self.endpoints, self.registry_dir)
 
     # ---------------------------------------------------------------------------- receiver thread
 
     def _main(self) -> None:
         context = zmq.Context()
         try:
-            _Receiver(self, context).run()
+            receiver = Receiver(
+                self.store,
+                context,
+                endpoints=self.endpoints,
+                registry_dir=self.registry_dir,
+                run=self.run,
+                waiting_hint=self.waiting_hint,
+            )
+            receiver.run(self._stop)
         finally:
             context.destroy(linger=0)
 
 
-class _Receiver:
-    """The receiver thread's state: every socket here is used by this thread only."""
-
-    def __init__(self, source: LiveSource, context: zmq.Context) -> None:
-        self.source = source
-        self.store = source.store
-        self.context = context
-        self.sub = context.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.monitor = self.sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-        )
-        self.poller = zmq.Poller()
-        self.poller.register(self.sub, zmq.POLLIN)
-        self.poller.register(self.monitor, zmq.POLLIN)
-        self.senders: dict[tuple[str, int], _Sender] = {}
-        self.dealers: dict[zmq.Socket, tuple[str, int]] = {}
-        started = time.monotonic()
-        self.endpoints = {endpoint: _Endpoint(since=started) for endpoint in source.endpoints}
-        self.registered: dict[str, Any] = {}  # registry file path -> entry
-        self.snapshot_addresses: dict[tuple[str, int], str] = {}
-        self.next_scan = 0.0
-        self.next_status = 0.0
-
-    def run(self) -> None:
-        for endpoint in self.endpoints:
-            self.sub.connect(endpoint)
-        try:
-            while not self.source._stop.is_set():
-                try:
-                    self.step()
-                except Exception as exc:  # keep receiving whatever happens; say what went wrong
-                    self.store.set_notice("receiver-error", f"receiver error: {exc!r}", ttl_s=10.0)
-                    time.sleep(0.5)
-        finally:
-            for dealer in self.dealers:
-                dealer.close(linger=0)
-            self.sub.disable_monitor()
-            self.monitor.close(linger=0)
-            self.sub.close(linger=0)
-
-    def step(self) -> None:
-        now = time.monotonic()
-        if not self.endpoints and now >= self.next_scan:
-            self.scan_registry()
-            self.next_scan = now + REGISTRY_SCAN_S
-        ready = dict(self.poller.poll(_POLL_MS))
-        if self.sub in ready:
-            self.drain()
-        if self.monitor in ready:
-            self.read_monitor()
-        for dealer in [socket for socket in ready if socket in self.dealers]:
-            self.read_snapshot(dealer)
-        now = time.monotonic()
-        self.expire_waits(now)
-        if now >= self.next_status:
-            self.publish_status(now)
-            self.next_status = now + _STATUS_EVERY_S
-
-    # ------------------------------------------------------------------------------- live frames
-
-    def drain(self) -> None:
-        frames = []
-        recv = self.sub.recv
-        for _ in range(BATCH_FRAMES):
-            try:
-                frames.append(recv(zmq.NOBLOCK))
-            except zmq.Again:
-                break
-        ready: list[dict[str, Any]] = []
-        malformed: list[ProtocolError] = []
-        wanted_run = self.source.run
-        for frame in frames:
-            try:
-                message = decode(frame)
-            except ProtocolError as exc:
-                malformed.append(exc)
-                continue
-            if wanted_run is not None and message["run"] != wanted_run:
-                continue
-            key = (message["run"], message["rank"])
-            sender = self.senders.get(key)
-            if sender is None:
-                sender = self.senders[key] = self.new_sender(key, message)
-            if sender.live:
-                ready.append(message)
-                continue
-            sender.buffer.append(message)
-            if sender.requested_at is None and message["type"] == "heartbeat":
-                address = message.get("snapshot")
-                if isinstance(address, str):
-                    self.request_snapshot(key, sender, address)
-            if len(sender.buffer) > BUFFER_LIMIT:
-                self.go_live(key, sender, "too much traffic while waiting for the snapshot")
-        self.store.apply_batch(ready, received=len(frames), malformed=malformed)
-
-    def new_sender(self, key: tuple[str, int], first: dict[str, Any]) -> _Sender:
-        """A sender heard for the first time: live at once if we saw its start, else snapshot first."""
-        sender = _Sender(first_seen=time.monotonic())
-        if first["seq"] == 0:
-            sender.live = True
-        elif address := self.snapshot_addresses.get(key):
-            self.request_snapshot(key, sender, address)
-        return sender
-
-    # --------------------------------------------------------------------------------- snapshots
-
-    def request_snapshot(self, key: tuple[str, int], sender: _Sender, address: str) -> None:
-        sender.requested_at = time.monotonic()
-        dealer = self.context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        try:
-            dealer.connect(address)
-            dealer.send(SNAPSHOT_REQUEST, zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            dealer.close(linger=0)
-            self.go_live(key, sender, f"cannot ask {address} for a snapshot ({exc})")
-            return
-        sender.dealer = dealer
-        self.dealers[dealer] = key
-        self.poller.register(dealer, zmq.POLLIN)
-
-    def read_snapshot(self, dealer: zmq.Socket) -> None:
-        key = self.dealers[dealer]
-        sender = self.senders[key]
-        frames = dealer.recv_multipart(zmq.NOBLOCK)
-        self.close_dealer(sender)
-        try:
-            header = json.loads(frames[0])
-            seq = header["seq"]
-            if header.get("type") != "snapshot" or not isinstance(seq, int):
-                raise ValueError("not a snapshot header")
-        except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
-            self.store.count_malformed(ProtocolError(f"snapshot reply: {exc}", "bad snapshot"))
-            self.go_live(key, sender, "the snapshot reply was malformed")
-            return
-        messages, malformed = [], []
-        for frame in frames[1:]:
-            try:
-                messages.append(decode(frame))
-            except ProtocolError as exc:
-                malformed.append(exc)
-        later = [message for message in sender.buffer if message["seq"] > seq]
-        self.store.apply_snapshot(key[0], key[1], messages, seq, then=later, malformed=malformed)
-        sender.buffer = []
-        sender.live = True
-
-    def close_dealer(self, sender: _Sender) -> None:
-        if sender.dealer is not None:
-            self.poller.unregister(sender.dealer)
-            del self.dealers[sender.dealer]
-            sender.dealer.close(linger=0)
-            sender.dealer = None
-
-    def go_live(self, key: tuple[str, int], sender: _Sender, why: str) -> None:
-        """Give up on the snapshot: apply what was buffered and carry on with live messages."""
-        self.close_dealer(sender)
-        self.store.apply_batch(sender.buffer, received=0)  # counted when they arrived
-        sender.buffer = []
-        sender.live = True
-        run, rank = key
-        self.store.set_notice(
-            f"snapshot:{run}:{rank}",
-            f"run {run} rank {rank}: {why}; history before joining is missing",
-            ttl_s=15.0,
-        )
-
-    def expire_waits(self, now: float) -> None:
-        for key, sender in self.senders.items():
-            if sender.live:
-                continue
-            if sender.requested_at is not None and now - sender.requested_at > SNAPSHOT_TIMEOUT_S:
-                self.go_live(key, sender, f"no snapshot reply within {SNAPSHOT_TIMEOUT_S:g} s")
-            elif sender.requested_at is None and now - sender.first_seen > HEARTBEAT_WAIT_S:
-                self.go_live(key, sender, f"no heartbeat within {HEARTBEAT_WAIT_S:g} s")
-
-    # ------------------------------------------------------------------------- discovery, health
-
-    def scan_registry(self) -> None:
-        entries = {str(entry.path): entry for entry in live_entries(self.source.registry_dir)}
-        wanted = self.source.run
-        for path, entry in entries.items():
-            if path in self.registered or (wanted is not None and entry.run != wanted):
-                continue
-            try:
-                self.sub.connect(entry.pub)
-            except zmq.ZMQError as exc:
-                notice = f"cannot connect to {entry.pub} ({exc})"
-                self.store.set_notice(f"registry:{path}", notice, ttl_s=10.0)
-                continue
-            self.registered[path] = entry
-            if entry.snapshot:
-                self.snapshot_addresses[(entry.run, entry.rank)] = entry.snapshot
-        for path in [path for path in self.registered if path not in entries]:
-            gone = self.registered.pop(path)
-            with contextlib.suppress(zmq.ZMQError):  # already gone: ZeroMQ dropped it itself
-                self.sub.disconnect(gone.pub)
-
-    def read_monitor(self) -> None:
-        while True:
-            try:
-                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            state = self.endpoints.get(event["endpoint"].decode(errors="replace"))
-            if state is None:
-                continue
-            connected = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
-            if connected != state.connected:
-                state.connected, state.since = connected, time.monotonic()
-
-    def publish_status(self, now: float) -> None:
-        store = self.store
-        heard = store.counters().received > 0
-        for endpoint, state in self.endpoints.items():
-            silent_for = now - state.since
-            if (not state.connected or not heard) and silent_for >= SILENT_ENDPOINT_S:
-                store.set_notice(
-                    f"endpoint:{endpoint}",
-                    f"nothing heard from {endpoint} for {silent_for:.0f} s: is the training running and "
-                    f"publishing there? (`tuimon watch` with no address finds the runs on this host)",
-                )
-            else:
-                store.set_notice(f"endpoint:{endpoint}", None)
-        if self.endpoints:
-            detail = f"{sum(s.connected for s in self.endpoints.values())}/{len(self.endpoints)} connected"
-        else:
-            detail = f"{len(self.registered)} publisher(s) from the registry"
-            if not self.registered and not store.run_names():
-                store.set_notice("waiting", f"{self.source.waiting_hint} (looking in {self.source.where()})")
-            else:
-                store.set_notice("waiting", None)
-        store.set_source_status(SourceStatus(kind="live", detail=detail))
-
-
-if TYPE_CHECKING:  # mypy: a LiveSource is a source the app can show (a missing method fails here)
+if TYPE_CHECKING:  # mypy: a LiveSource is a source the app can show (a missing method fails here),
     _CONFORMS: type[Source] = LiveSource
+    _SINK: type[MessageSink] = Store  # and the store is a sink a Receiver can fill

@@ -31,13 +31,14 @@ GPU_HISTORY = 300
 #: Events kept per run; the oldest go first (detectors fold repeats, so this is rarely reached).
 MAX_EVENTS = 10_000
 #: What one store keeps at most, whatever peers send (messages beyond are counted, not kept):
-#: runs, ranks and GPUs of a run, metric names of a run, series in all (with the points budget
+#: runs, ranks and GPUs of a run, metric names of a run, relays, series in all (with the points budget
 #: of :mod:`tuimon.store.series`, memory stays bounded under any input).
 MAX_RUNS = 64
 MAX_RANKS = 16_384
 MAX_DEVICES = 8_192
 MAX_METRIC_NAMES = 256
 MAX_INVARIANTS = 256
+MAX_RELAYS = 1_024
 MAX_SERIES = 8_192
 #: Distinct names remembered to count what was left out (beyond, the count says "at least").
 _LEFT_OUT_MEMORY = 10_000
@@ -130,6 +131,7 @@ class Store:
         self._notices: dict[str, tuple[str, float | None]] = {}
         self._all_series: list[Series] = []  # every series of every run: they share the points budget
         self._runs_left_out: set[str] = set()
+        self._relays: dict[str, Mapping[str, Any]] = {}  # relay name -> its latest heartbeat
         changed = self._next()
         self._counters_version = self._source_version = self._notices_version = changed
 
@@ -275,6 +277,11 @@ class Store:
 
     def _apply(self, message: Mapping[str, Any], *, live: bool) -> None:
         """Book-keep the sender (sequence gaps, last heard), then hand the message to its type's handler."""
+        if message["type"] == "relay":  # a relay's own heartbeat: about the path, not a run
+            if message["run"] in self._relays or len(self._relays) < MAX_RELAYS:
+                self._relays[message["run"]] = message
+                self._source_version = self._next()
+            return
         run = self._run(message["run"])
         state = self._rank(run, message["rank"], message["host"]) if run is not None else None
         if run is None or state is None:
@@ -435,6 +442,11 @@ class Store:
         with self._lock:
             state = self._runs.get(run)
             return dict(state.versions) if state else dict.fromkeys(SECTIONS, 0)
+
+    def relays(self) -> list[Mapping[str, Any]]:
+        """The latest heartbeat of each relay the stream came through, by name."""
+        with self._lock:
+            return [self._relays[name] for name in sorted(self._relays)]
 
     def status_version(self) -> tuple[int, int, int]:
         """Changes when the counters, the source status or the notices change."""

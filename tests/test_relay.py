@@ -1,0 +1,294 @@
+"""Relays on real sockets: node relays find their node's publishers, forward them to a root, and a
+viewer at the root receives every node's ranks, and only what it subscribed to."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from conftest import wait_until
+
+from publisher.wire.protocol import decode, encode, make_message
+from publisher.wire.topics import subscription
+from publisher.wire.transport import Publisher
+from tuimon.errors import UserError
+from tuimon.relay.addresses import ingest_address
+from tuimon.relay.forwarder import Relay
+
+TUIMON = [sys.executable, "-m", "tuimon.cli"]
+
+
+def free_port_pair() -> int:
+    """A port P with P and P+1 free on 127.0.0.1 (a root relay binds both)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as second, contextlib.suppress(OSError):
+                second.bind(("127.0.0.1", port + 1))
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+@contextlib.contextmanager
+def running(relay: Relay) -> Iterator[Relay]:
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield relay
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+class Viewer:
+    """A SUB socket on a relay, collecting decoded messages."""
+
+    def __init__(self, context: zmq.Context, address: str, *topics: bytes) -> None:
+        self.sub = context.socket(zmq.SUB)
+        self.sub.linger = 0
+        for topic in topics or (b"",):
+            self.sub.subscribe(topic)
+        self.sub.connect(address)
+        self.messages: list[dict[str, Any]] = []
+
+    def read(self) -> None:
+        while self.sub.poll(0):
+            self.messages.append(decode(self.sub.recv()))
+
+    def of(self, msg_type: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["type"] == msg_type]
+
+
+def test_a_subscription_prefix_selects_by_type_run_and_rank() -> None:
+    def frame(msg_type: str, run: str, rank: int, **body: Any) -> bytes:
+        return encode(make_message(msg_type, run=run, rank=rank, host="h", ts=1.0, seq=0, **body))
+
+    metrics_17 = frame("metrics", 'a "quoted" run', 17, step=1, metrics={"loss": 1.0})
+    assert metrics_17.startswith(subscription("metrics", 'a "quoted" run', 17))
+    assert metrics_17.startswith(subscription("metrics", 'a "quoted" run'))
+    assert metrics_17.startswith(subscription("metrics"))
+    assert not metrics_17.startswith(subscription("metrics", 'a "quoted" run', 1)), "rank 1 is not rank 17"
+    assert not metrics_17.startswith(subscription("event"))
+    assert not frame("metrics", "ab", 0, step=1, metrics={}).startswith(subscription("metrics", "a"))
+    with pytest.raises(ValueError, match="needs its run"):
+        subscription("metrics", rank=3)
+    with pytest.raises(ValueError, match="unknown message type"):
+        subscription("metric")
+
+
+def test_the_root_address_names_its_intake() -> None:
+    assert ingest_address("tcp://10.0.0.5:7000") == "tcp://10.0.0.5:7001"
+    assert ingest_address("ipc:///run/tuimon/root") == "ipc:///run/tuimon/root.in"
+    with pytest.raises(UserError, match="fixed address"):
+        ingest_address("tcp://127.0.0.1:*")
+
+
+def start_node(
+    name: str, base: Path, monkeypatch: pytest.MonkeyPatch, ranks: range
+) -> tuple[Path, list[Publisher]]:
+    """A simulated node: its own run registry and one Publisher per rank, host ``name``."""
+    registry = base / name
+    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(registry))
+    publishers = [Publisher("job", rank, host=name, heartbeat_s=0.2) for rank in ranks]
+    return registry, publishers
+
+
+def test_two_nodes_reach_a_viewer_at_the_root_each_rank_by_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
+) -> None:
+    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    registry_a, node_a = start_node("nodeA", tmp_path, monkeypatch, range(0, 2))
+    registry_b, node_b = start_node("nodeB", tmp_path, monkeypatch, range(2, 4))
+    publishers = node_a + node_b
+    root = Relay(listen=root_address, root=True, heartbeat_s=0.2)
+    relays = [Relay(listen="tcp://127.0.0.1:*", upstream=root_address, registry_dir=registry, host=host,
+                    heartbeat_s=0.2) for registry, host in ((registry_a, "nodeA"), (registry_b, "nodeB"))]
+    with running(root), running(relays[0]), running(relays[1]):
+        everything = Viewer(context, root_address)
+        events_only = Viewer(context, root_address, subscription("event"))
+        step = 0
+
+        def publish() -> None:
+            nonlocal step
+            step += 1
+            for publisher in publishers:
+                publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
+                publisher.publish("event", step=step, kind="loss_spike", severity="warning",
+                                  message=f"rank {publisher.rank}", id=f"e{publisher.rank}", count=step)
+            everything.read()
+            events_only.read()
+            time.sleep(0.02)
+
+        def every_rank_seen() -> bool:
+            seen = {(m["rank"], m["host"]) for m in everything.of("metrics")}
+            return seen == {(0, "nodeA"), (1, "nodeA"), (2, "nodeB"), (3, "nodeB")}
+
+        wait_until(every_rank_seen, timeout_s=15, what="metrics of all four ranks at the root", tick=publish)
+        wait_until(lambda: {m["rank"] for m in events_only.of("event")} == {0, 1, 2, 3}, timeout_s=5,
+                   what="events of all four ranks", tick=publish)
+        assert not [m for m in events_only.messages if m["type"] != "event"], "subscribed to events only"
+        relay_names = {"node@nodeA", "node@nodeB", root.name}
+        wait_until(lambda: {m["run"] for m in everything.of("relay")} == relay_names,
+                   timeout_s=5, what="every relay's heartbeat", tick=publish)
+        def node_a_beats() -> list[dict[str, Any]]:
+            return [m for m in everything.of("relay") if m["run"] == "node@nodeA"]
+
+        # Its first beat went out as it started, before it had forwarded anything.
+        wait_until(lambda: node_a_beats()[-1]["stats"]["out"] > 0, timeout_s=5, what="a beat with counts",
+                   tick=publish)
+        node_beat = node_a_beats()[-1]
+        assert node_beat["upstream"] == root_address and node_beat["publishers"] == 2
+        assert {(r["rank"], r["host"]) for r in node_beat["ranks"]} == {(0, "nodeA"), (1, "nodeA")}
+        assert node_beat["stats"]["in"] >= node_beat["stats"]["out"] > 0
+        steps = [m["step"] for m in everything.of("metrics") if m["rank"] == 3]
+        assert steps == sorted(steps), "one rank's messages keep their order through two hops"
+    for publisher in publishers:
+        publisher.close()
+
+
+def test_relays_as_commands_forward_a_publisher_and_a_killed_node_relay_is_picked_back_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
+) -> None:
+    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(tmp_path / "node"))
+    env = dict(os.environ)
+    root = subprocess.Popen([*TUIMON, "relay", "--root", "--listen", root_address],
+                            stderr=subprocess.PIPE, text=True)
+    node_command = [*TUIMON, "relay", "--upstream", root_address]
+    node = subprocess.Popen(node_command, env=env, stderr=subprocess.PIPE, text=True)
+    publisher = None
+    try:
+        assert "viewers connect to " + root_address in (root.stderr.readline() if root.stderr else "")
+        assert "forwarding to the root" in (node.stderr.readline() if node.stderr else "")
+        publisher = Publisher("cmd", 0, heartbeat_s=0.2)
+        viewer = Viewer(context, root_address, subscription("metrics"))
+        step = 0
+
+        def publish() -> None:
+            nonlocal step
+            step += 1
+            publisher.publish("metrics", step=step, metrics={"loss": 1.0})
+            viewer.read()
+            time.sleep(0.02)
+
+        wait_until(lambda: viewer.of("metrics"), timeout_s=15, what="a metric through two relay processes",
+                   tick=publish)
+        node.terminate()
+        assert node.wait(timeout=10) == 0, "a relay stops cleanly on SIGTERM"
+        before = step
+        node = subprocess.Popen(node_command, env=env, stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: any(m["step"] > before for m in viewer.of("metrics")), timeout_s=15,
+                   what="metrics again after the node relay restarted", tick=publish)
+    finally:
+        if publisher is not None:
+            publisher.close()
+        for process in (node, root):
+            process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+
+
+def test_a_root_without_an_address_or_with_an_upstream_is_a_one_line_error() -> None:
+    done = subprocess.run([*TUIMON, "relay", "--root"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "needs --listen" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([*TUIMON, "relay", "--listen", "tcp://192.0.2.1:7000"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "cannot listen on tcp://192.0.2.1:7000" in done.stderr
+
+
+def test_a_relay_heartbeat_is_a_valid_message_the_viewer_keeps_apart_from_runs() -> None:
+    from tuimon.store import Store
+
+    beat = make_message("relay", run="node@n1", rank=0, host="n1", ts=time.time(), seq=0, role="node", listen="tcp://127.0.0.1:5",
+                        upstream=None, publishers=1, ranks=[{"run": "r", "rank": 0, "host": "n1"}],
+                        stats={"in": 3, "out": 3})
+    store = Store()
+    store.apply_batch([decode(encode(beat))], received=1)
+    assert store.run_names() == [] and [r["run"] for r in store.relays()] == ["node@n1"]
+    assert json.loads(encode(beat))["type"] == "relay"
+
+
+def test_tuimon_run_with_relay_reaches_the_root_from_start_to_end(
+    tmp_path: Path, context: zmq.Context
+) -> None:
+    """One command per node: `tuimon run --relay ROOT` starts the node relay itself."""
+    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root = subprocess.Popen([*TUIMON, "relay", "--root", "--listen", root_address], stderr=subprocess.DEVNULL)
+    try:
+        viewer = Viewer(context, root_address)
+        script = Path(__file__).parent / "scripts" / "plain_train.py"
+        env = {**os.environ, "TUIMON_RUNTIME_DIR": str(tmp_path / "node"), "TUIMON_RELAY": root_address}
+        env.pop("LOCAL_RANK", None)
+        training = subprocess.Popen([*TUIMON, "run", "--run", "relayed", "--gpu", "none", "--",
+                                     sys.executable, str(script), "--steps", "400", "--step-delay", "0.01"],
+                                    env=env)
+        wait_until(lambda: training.poll() is not None, timeout_s=120, what="the training to end",
+                   tick=viewer.read)
+        assert training.returncode == 0
+        wait_until(lambda: viewer.of("run_end"), timeout_s=10, what="run_end at the root", tick=viewer.read)
+        metrics = [m for m in viewer.of("metrics") if m["run"] == "relayed"]
+        assert metrics and metrics[-1]["step"] == 400, "the node relay found the rank, forwarded to the end"
+        assert viewer.of("run_end")[-1]["status"] == "completed"
+        assert any(m["run"].startswith("node@") for m in viewer.of("relay")), "the node relay beat"
+    finally:
+        root.terminate()
+        root.wait(timeout=10)
+
+
+def test_the_dashboard_source_at_the_root_shows_every_rank_with_its_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tuimon watch ROOT` joins mid-run: each rank's snapshot fills in what came before it."""
+    from tuimon.sources.live import LiveSource
+
+    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    registry, publishers = start_node("nodeA", tmp_path, monkeypatch, range(0, 2))
+    for publisher in publishers:
+        publisher.publish("run_start", config={}, seed=0, world_size=2)
+        for step in range(1, 51):
+            publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
+    root = Relay(listen=root_address, root=True, heartbeat_s=0.2)
+    node = Relay(listen="tcp://127.0.0.1:*", upstream=root_address, registry_dir=registry, host="nodeA",
+                 heartbeat_s=0.2)
+    source = LiveSource([root_address])
+    step = 50
+
+    def publish() -> None:
+        nonlocal step
+        step += 1
+        for publisher in publishers:
+            publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
+        time.sleep(0.05)
+
+    def history_of_both_ranks() -> bool:
+        view = source.store.run_view("job")
+        return view is not None and len(view.ranks) == 2 and all(
+            list(source.store.series("job", "loss", rank=rank)[0][:1]) == [1] for rank in (0, 1))
+
+    with running(root), running(node):
+        source.start()
+        try:
+            wait_until(history_of_both_ranks, timeout_s=20, what="both ranks from step 1 at the root",
+                       tick=publish)
+            wait_until(lambda: [r["run"] for r in source.store.relays()] == [node.name, root.name],
+                       timeout_s=5, what="both relays' heartbeats kept apart from the run")
+            assert source.store.run_names() == ["job"]
+        finally:
+            source.stop()
+    for publisher in publishers:
+        publisher.close()

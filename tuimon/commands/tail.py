@@ -1,0 +1,207 @@
+"""``tuimon tail``: a live run's messages as JSON Lines on stdout, for ``jq``, scripts and tests.
+
+It listens exactly as the dashboard does (the same :class:`~tuimon.sources.receiver.Receiver`:
+same discovery, same validation, same snapshot for late joiners), so what it prints is what a
+viewer would have applied, in the same order: a late joiner's snapshot first, then live messages
+newer than it. Only the sink differs: :class:`LinePrinter` writes each message instead of storing
+it. Messages that fail validation are counted by reason, never printed, so a consumer can trust
+every line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from publisher.wire.protocol import ProtocolError
+    from tuimon.sources.receiver import MessageSink
+    from tuimon.store import SourceStatus
+
+#: Signals that end the command cleanly (exit 0), as --for running out does.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_EXAMPLES = """\
+examples:
+  tuimon tail tcp://127.0.0.1:5555 | jq -c 'select(.type == "metrics") | [.step, .metrics.loss]'
+  tuimon tail --for 10 > runs.jsonl      (ten seconds of every run on this host)
+  tuimon tail 5555 | head -3             (the run's start and its first messages)"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "tail",
+        help="print a live run's messages as JSON lines (for jq and scripts)",
+        description="Print every message of a live run on stdout, one compact JSON object a line, "
+        "flushed at once: the run's snapshot first (its start, metric history, events), then live "
+        "messages. Without ADDR, every run registered on this host, including runs started later. "
+        "Messages that fail the protocol's checks are counted, not printed; a one-line summary "
+        "goes to stderr at the end. Runs until --for runs out, Ctrl-C, SIGTERM or the reader "
+        "closes stdout (all exit 0).",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "address",
+        nargs="?",
+        metavar="ADDR",
+        help="publisher address: tcp://HOST:PORT, HOST:PORT or PORT (on 127.0.0.1); "
+        "default: every run in the run registry",
+    )
+    parser.add_argument(
+        "--for",
+        dest="duration",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop after this many seconds (default: run until interrupted)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse reports anything else as a usage error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    import zmq
+
+    from tuimon.errors import UserError
+    from tuimon.sources.live import listen_targets
+    from tuimon.sources.receiver import Receiver
+
+    # A bad address or an unusable registry folder fails here, as one line, before any socket.
+    endpoints, registry_dir = listen_targets([] if args.address is None else [args.address])
+    stop = threading.Event()
+    printer = LinePrinter(sys.stdout.buffer, sys.stderr, on_closed=stop.set)
+    # Ctrl-C and SIGTERM end the command like --for does: sockets closed, summary printed, exit 0.
+    previous = {signum: signal.signal(signum, lambda *_: stop.set()) for signum in _STOP_SIGNALS}
+    timer = threading.Timer(args.duration, stop.set) if args.duration is not None else None
+    context = zmq.Context()
+    try:
+        receiver = Receiver(printer, context, endpoints=endpoints, registry_dir=registry_dir)
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        receiver.run(stop)
+    except zmq.ZMQError as exc:
+        problem = zmq.strerror(exc.errno) if exc.errno is not None else str(exc)
+        raise UserError(f"cannot listen to {', '.join(endpoints)}: {problem}") from None
+    finally:
+        if timer is not None:
+            timer.cancel()
+        context.destroy(linger=0)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    print(f"tuimon tail: {printer.summary()}", file=sys.stderr, flush=True)
+    return 0
+
+
+class LinePrinter:
+    """A :class:`~tuimon.sources.receiver.MessageSink` that prints instead of storing.
+
+    Each message is re-encoded compactly (the protocol's own encoder) and flushed on its own line,
+    so a reader sees it at once. When the reader goes away (``| head``), printing stops quietly,
+    stdout is pointed at /dev/null (so the interpreter's last flush cannot fail either) and
+    ``on_closed`` is called to end the command. Notices (a snapshot that did not come, an address
+    that stays silent) go to ``errors`` once each while they last.
+    """
+
+    def __init__(
+        self, out: IO[bytes], errors: IO[str], *, on_closed: Callable[[], object] | None = None
+    ) -> None:
+        from publisher.wire.protocol import encode
+
+        self._encode = encode
+        self._out = out
+        self._errors = errors
+        self._on_closed = on_closed
+        self._notices: dict[str, float | None] = {}  # key -> when it lapses (monotonic), None: never
+        self.printed = 0
+        self.malformed: Counter[str] = Counter()
+        self.closed = False
+
+    def apply_batch(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        received: int | None = None,
+        malformed: Iterable[ProtocolError] = (),
+    ) -> None:
+        self._count(malformed)
+        self._print(messages)
+
+    def apply_snapshot(
+        self,
+        run: str,
+        rank: int,
+        messages: Iterable[Mapping[str, Any]],
+        seq: int,
+        *,
+        then: Iterable[Mapping[str, Any]] = (),
+        malformed: Iterable[ProtocolError] = (),
+    ) -> None:
+        self._count(malformed)
+        self._print(messages)
+        self._print(then)
+
+    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
+        self._count([error])
+
+    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
+        now = time.monotonic()
+        lapses = self._notices.get(key, now)
+        if text is None:
+            self._notices.pop(key, None)
+            return
+        self._notices[key] = None if ttl_s is None else now + ttl_s
+        if lapses is not None and lapses <= now:  # new, or lapsed since it was last said
+            print(f"tuimon tail: {text}", file=self._errors, flush=True)
+
+    def set_source_status(self, status: SourceStatus) -> None:
+        """Nothing to show: the summary at the end says what happened."""
+
+    def summary(self) -> str:
+        """What was printed and what was refused, by reason, in one line."""
+        total = sum(self.malformed.values())
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(self.malformed.items()))
+        return f"{self.printed} messages printed, {total} malformed" + (f" ({reasons})" if reasons else "")
+
+    def _count(self, errors: Iterable[ProtocolError]) -> None:
+        for error in errors:
+            self.malformed[error.reason] += 1
+
+    def _print(self, messages: Iterable[Mapping[str, Any]]) -> None:
+        if self.closed:
+            return
+        out, encode = self._out, self._encode
+        try:
+            for message in messages:
+                out.write(encode(message) + b"\n")
+                out.flush()
+                self.printed += 1
+        except BrokenPipeError:
+            self.closed = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, out.fileno())
+            os.close(devnull)
+            if self._on_closed is not None:
+                self._on_closed()
+
+
+if TYPE_CHECKING:  # mypy: the printer is a sink a Receiver can fill (a missing method fails here)
+    _SINK: type[MessageSink] = LinePrinter

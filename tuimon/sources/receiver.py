@@ -1,0 +1,377 @@
+"""The receiving end of the live protocol: one SUB socket, discovery, and the clone pattern.
+
+Shared by everything that listens to publishers: the dashboard's
+:class:`~tuimon.sources.live.LiveSource` (into its Store, on a thread of its own) and
+``tuimon tail`` (printing each message, on the main thread). Both get the same discovery, the same
+validation and the same late-joiner logic; only the :class:`MessageSink` they hand in differs.
+
+The receiver polls, then drains with NOBLOCK in batches (a poll per message tops out far lower),
+decodes and validates every frame with :func:`publisher.wire.protocol.decode`, and hands each batch
+to the sink in one go. Nothing that arrives on the wire can stop it: a bad frame is counted and
+skipped.
+
+Late joiners follow ZeroMQ's clone pattern (docs/protocol.md): the first message heard from a
+sender proves the subscription is live; from then on its messages are buffered while a DEALER asks
+the sender's ROUTER for a snapshot (address from its heartbeat or its registry entry). The snapshot
+is handed over, then the buffered messages with ``seq`` above the snapshot's, so nothing is missed
+or applied twice. A sender that does not answer within :data:`SNAPSHOT_TIMEOUT_S` is shown live
+only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode
+from publisher.wire.registry import live_entries
+from tuimon.store import SourceStatus
+
+#: Seconds to wait for a snapshot reply before showing the sender's live messages only.
+SNAPSHOT_TIMEOUT_S = 2.0
+#: Seconds to wait for a sender's first heartbeat (it carries the snapshot address).
+HEARTBEAT_WAIT_S = 2.0
+#: Seconds between scans of the registry for new runs.
+REGISTRY_SCAN_S = 2.0
+#: Seconds of silence from an explicit endpoint before the screen says so.
+SILENT_ENDPOINT_S = 5.0
+#: Frames read per drain before they are handed over (bounds the time a store's lock is held).
+BATCH_FRAMES = 5_000
+#: Live messages buffered per sender while its snapshot is pending; beyond it, carry on live.
+BUFFER_LIMIT = 200_000
+#: Messages the SUB socket queues before ZeroMQ drops (visible as gaps in ``seq``).
+RECEIVE_HWM = 200_000
+#: What the "no runs yet" notice suggests.
+WAITING_HINT = "waiting for runs — start one with the publisher or `tuimon run`"
+_POLL_MS = 50
+_STATUS_EVERY_S = 0.25
+
+
+class MessageSink(Protocol):
+    """Where a :class:`Receiver` puts what it hears: decoded, validated messages in order, what
+    was malformed (by reason), and what it has to say. :class:`~tuimon.store.Store` is one."""
+
+    def apply_batch(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        received: int | None = None,
+        malformed: Iterable[ProtocolError] = (),
+    ) -> None:
+        """Live messages, in arrival order; ``received`` frames were read for them."""
+
+    def apply_snapshot(
+        self,
+        run: str,
+        rank: int,
+        messages: Iterable[Mapping[str, Any]],
+        seq: int,
+        *,
+        then: Iterable[Mapping[str, Any]] = (),
+        malformed: Iterable[ProtocolError] = (),
+    ) -> None:
+        """One sender's snapshot (its last message is ``seq``), then its live messages after it."""
+
+    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
+        """One frame that was not a valid message (e.g. a broken snapshot header)."""
+
+    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
+        """A line for the user under ``key`` (None clears it), e.g. "nothing heard from ..."."""
+
+    def set_source_status(self, status: SourceStatus) -> None:
+        """How the connections stand, in a few words."""
+
+
+def describe_targets(endpoints: Sequence[str], registry_dir: Path | None) -> str:
+    """Where a receiver looks, in words (for "waiting" messages and the status line)."""
+    if endpoints:
+        return ", ".join(endpoints)
+    return f"the run registry {registry_dir}"
+
+
+@dataclass
+class _Sender:
+    """Per (run, rank): whether its live messages are applied yet, and what waits meanwhile."""
+
+    first_seen: float
+    live: bool = False
+    buffer: list[dict[str, Any]] = field(default_factory=list)
+    dealer: zmq.Socket | None = None
+    requested_at: float | None = None
+
+
+@dataclass
+class _Endpoint:
+    """An explicit endpoint's connection state, from the socket monitor."""
+
+    connected: bool = False
+    since: float = 0.0
+
+
+class Receiver:
+    """One SUB socket and its snapshot clients, feeding ``sink``: every socket here is created,
+    used and closed by the thread that calls :meth:`run`.
+
+    With ``endpoints`` it connects to those; without, to every live run in the registry folder
+    ``registry_dir``, rescanned every :data:`REGISTRY_SCAN_S` for new ones. ``run`` keeps only that
+    run's messages. ``waiting_hint`` is what the "no runs yet" notice suggests.
+    """
+
+    def __init__(
+        self,
+        sink: MessageSink,
+        context: zmq.Context,
+        *,
+        endpoints: Sequence[str] = (),
+        registry_dir: Path | None = None,
+        run: str | None = None,
+        waiting_hint: str = WAITING_HINT,
+    ) -> None:
+        self.sink = sink
+        self.context = context
+        self.wanted_run = run
+        self.registry_dir = registry_dir
+        self.waiting_hint = waiting_hint
+        self.heard = False  # any frame received yet
+        self.sub = context.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.monitor = self.sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+        )
+        self.poller = zmq.Poller()
+        self.poller.register(self.sub, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.senders: dict[tuple[str, int], _Sender] = {}
+        self.dealers: dict[zmq.Socket, tuple[str, int]] = {}
+        started = time.monotonic()
+        self.endpoints = {endpoint: _Endpoint(since=started) for endpoint in endpoints}
+        self.registered: dict[str, Any] = {}  # registry file path -> entry
+        self.snapshot_addresses: dict[tuple[str, int], str] = {}
+        self.next_scan = 0.0
+        self.next_status = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        """Receive until ``stop`` is set, then close every socket. Raises ``zmq.ZMQError`` only
+        when an explicit endpoint cannot even be connected to (e.g. an ipc path that is too long);
+        everything after that is reported as a notice and survived."""
+        try:
+            for endpoint in self.endpoints:
+                self.sub.connect(endpoint)
+            while not stop.is_set():
+                try:
+                    self.step()
+                except Exception as exc:  # keep receiving whatever happens; say what went wrong
+                    self.sink.set_notice("receiver-error", f"receiver error: {exc!r}", ttl_s=10.0)
+                    time.sleep(0.5)
+        finally:
+            for dealer in self.dealers:
+                dealer.close(linger=0)
+            self.sub.disable_monitor()
+            self.monitor.close(linger=0)
+            self.sub.close(linger=0)
+
+    def step(self) -> None:
+        now = time.monotonic()
+        if not self.endpoints and now >= self.next_scan:
+            self.scan_registry()
+            self.next_scan = now + REGISTRY_SCAN_S
+        ready = dict(self.poller.poll(_POLL_MS))
+        if self.sub in ready:
+            self.drain()
+        if self.monitor in ready:
+            self.read_monitor()
+        for dealer in [socket for socket in ready if socket in self.dealers]:
+            self.read_snapshot(dealer)
+        now = time.monotonic()
+        self.expire_waits(now)
+        if now >= self.next_status:
+            self.publish_status(now)
+            self.next_status = now + _STATUS_EVERY_S
+
+    # ------------------------------------------------------------------------------- live frames
+
+    def drain(self) -> None:
+        frames = []
+        recv = self.sub.recv
+        for _ in range(BATCH_FRAMES):
+            try:
+                frames.append(recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        self.heard = self.heard or bool(frames)
+        ready: list[dict[str, Any]] = []
+        malformed: list[ProtocolError] = []
+        wanted_run = self.wanted_run
+        for frame in frames:
+            try:
+                message = decode(frame)
+            except ProtocolError as exc:
+                malformed.append(exc)
+                continue
+            if wanted_run is not None and message["run"] != wanted_run:
+                continue
+            key = (message["run"], message["rank"])
+            sender = self.senders.get(key)
+            if sender is None:
+                sender = self.senders[key] = self.new_sender(key, message)
+            if sender.live:
+                ready.append(message)
+                continue
+            sender.buffer.append(message)
+            if sender.requested_at is None and message["type"] == "heartbeat":
+                address = message.get("snapshot")
+                if isinstance(address, str):
+                    self.request_snapshot(key, sender, address)
+            if len(sender.buffer) > BUFFER_LIMIT:
+                self.go_live(key, sender, "too much traffic while waiting for the snapshot")
+        self.sink.apply_batch(ready, received=len(frames), malformed=malformed)
+
+    def new_sender(self, key: tuple[str, int], first: dict[str, Any]) -> _Sender:
+        """A sender heard for the first time: live at once if we saw its start, else snapshot first."""
+        sender = _Sender(first_seen=time.monotonic())
+        if first["seq"] == 0:
+            sender.live = True
+        elif address := self.snapshot_addresses.get(key):
+            self.request_snapshot(key, sender, address)
+        return sender
+
+    # --------------------------------------------------------------------------------- snapshots
+
+    def request_snapshot(self, key: tuple[str, int], sender: _Sender, address: str) -> None:
+        sender.requested_at = time.monotonic()
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(address)
+            dealer.send(SNAPSHOT_REQUEST, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            dealer.close(linger=0)
+            self.go_live(key, sender, f"cannot ask {address} for a snapshot ({exc})")
+            return
+        sender.dealer = dealer
+        self.dealers[dealer] = key
+        self.poller.register(dealer, zmq.POLLIN)
+
+    def read_snapshot(self, dealer: zmq.Socket) -> None:
+        key = self.dealers[dealer]
+        sender = self.senders[key]
+        frames = dealer.recv_multipart(zmq.NOBLOCK)
+        self.close_dealer(sender)
+        try:
+            header = json.loads(frames[0])
+            seq = header["seq"]
+            if header.get("type") != "snapshot" or not isinstance(seq, int):
+                raise ValueError("not a snapshot header")
+        except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
+            self.sink.count_malformed(ProtocolError(f"snapshot reply: {exc}", "bad snapshot"))
+            self.go_live(key, sender, "the snapshot reply was malformed")
+            return
+        messages, malformed = [], []
+        for frame in frames[1:]:
+            try:
+                messages.append(decode(frame))
+            except ProtocolError as exc:
+                malformed.append(exc)
+        later = [message for message in sender.buffer if message["seq"] > seq]
+        self.sink.apply_snapshot(key[0], key[1], messages, seq, then=later, malformed=malformed)
+        sender.buffer = []
+        sender.live = True
+
+    def close_dealer(self, sender: _Sender) -> None:
+        if sender.dealer is not None:
+            self.poller.unregister(sender.dealer)
+            del self.dealers[sender.dealer]
+            sender.dealer.close(linger=0)
+            sender.dealer = None
+
+    def go_live(self, key: tuple[str, int], sender: _Sender, why: str) -> None:
+        """Give up on the snapshot: apply what was buffered and carry on with live messages."""
+        self.close_dealer(sender)
+        self.sink.apply_batch(sender.buffer, received=0)  # counted when they arrived
+        sender.buffer = []
+        sender.live = True
+        run, rank = key
+        self.sink.set_notice(
+            f"snapshot:{run}:{rank}",
+            f"run {run} rank {rank}: {why}; history before joining is missing",
+            ttl_s=15.0,
+        )
+
+    def expire_waits(self, now: float) -> None:
+        for key, sender in self.senders.items():
+            if sender.live:
+                continue
+            if sender.requested_at is not None and now - sender.requested_at > SNAPSHOT_TIMEOUT_S:
+                self.go_live(key, sender, f"no snapshot reply within {SNAPSHOT_TIMEOUT_S:g} s")
+            elif sender.requested_at is None and now - sender.first_seen > HEARTBEAT_WAIT_S:
+                self.go_live(key, sender, f"no heartbeat within {HEARTBEAT_WAIT_S:g} s")
+
+    # ------------------------------------------------------------------------- discovery, health
+
+    def scan_registry(self) -> None:
+        entries = {str(entry.path): entry for entry in live_entries(self.registry_dir)}
+        wanted = self.wanted_run
+        for path, entry in entries.items():
+            if path in self.registered or (wanted is not None and entry.run != wanted):
+                continue
+            try:
+                self.sub.connect(entry.pub)
+            except zmq.ZMQError as exc:
+                notice = f"cannot connect to {entry.pub} ({exc})"
+                self.sink.set_notice(f"registry:{path}", notice, ttl_s=10.0)
+                continue
+            self.registered[path] = entry
+            if entry.snapshot:
+                self.snapshot_addresses[(entry.run, entry.rank)] = entry.snapshot
+        for path in [path for path in self.registered if path not in entries]:
+            gone = self.registered.pop(path)
+            with contextlib.suppress(zmq.ZMQError):  # already gone: ZeroMQ dropped it itself
+                self.sub.disconnect(gone.pub)
+
+    def read_monitor(self) -> None:
+        while True:
+            try:
+                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            state = self.endpoints.get(event["endpoint"].decode(errors="replace"))
+            if state is None:
+                continue
+            connected = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            if connected != state.connected:
+                state.connected, state.since = connected, time.monotonic()
+
+    def publish_status(self, now: float) -> None:
+        sink = self.sink
+        heard = self.heard
+        for endpoint, state in self.endpoints.items():
+            silent_for = now - state.since
+            if (not state.connected or not heard) and silent_for >= SILENT_ENDPOINT_S:
+                sink.set_notice(
+                    f"endpoint:{endpoint}",
+                    f"nothing heard from {endpoint} for {silent_for:.0f} s: is the training running and "
+                    f"publishing there? (`tuimon watch` with no address finds the runs on this host)",
+                )
+            else:
+                sink.set_notice(f"endpoint:{endpoint}", None)
+        if self.endpoints:
+            detail = f"{sum(s.connected for s in self.endpoints.values())}/{len(self.endpoints)} connected"
+        else:
+            detail = f"{len(self.registered)} publisher(s) from the registry"
+            if not self.registered and not self.senders:
+                where = describe_targets(list(self.endpoints), self.registry_dir)
+                sink.set_notice("waiting", f"{self.waiting_hint} (looking in {where})")
+            else:
+                sink.set_notice("waiting", None)
+        sink.set_source_status(SourceStatus(kind="live", detail=detail))
