@@ -116,8 +116,16 @@ def test_two_nodes_reach_a_viewer_at_the_root_each_rank_by_host(
     registry_b, node_b = start_node("nodeB", tmp_path, monkeypatch, range(2, 4))
     publishers = node_a + node_b
     root = Relay(listen=root_address, root=True, heartbeat_s=0.2)
-    relays = [Relay(listen="tcp://127.0.0.1:*", upstream=root_address, registry_dir=registry, host=host,
-                    heartbeat_s=0.2) for registry, host in ((registry_a, "nodeA"), (registry_b, "nodeB"))]
+    relays = [
+        Relay(
+            listen="tcp://127.0.0.1:*",
+            upstream=root_address,
+            registry_dir=registry,
+            host=host,
+            heartbeat_s=0.2,
+        )
+        for registry, host in ((registry_a, "nodeA"), (registry_b, "nodeB"))
+    ]
     with running(root), running(relays[0]), running(relays[1]):
         everything = Viewer(context, root_address)
         events_only = Viewer(context, root_address, subscription("event"))
@@ -128,8 +136,15 @@ def test_two_nodes_reach_a_viewer_at_the_root_each_rank_by_host(
             step += 1
             for publisher in publishers:
                 publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
-                publisher.publish("event", step=step, kind="loss_spike", severity="warning",
-                                  message=f"rank {publisher.rank}", id=f"e{publisher.rank}", count=step)
+                publisher.publish(
+                    "event",
+                    step=step,
+                    kind="loss_spike",
+                    severity="warning",
+                    message=f"rank {publisher.rank}",
+                    id=f"e{publisher.rank}",
+                    count=step,
+                )
             everything.read()
             events_only.read()
             time.sleep(0.02)
@@ -139,18 +154,31 @@ def test_two_nodes_reach_a_viewer_at_the_root_each_rank_by_host(
             return seen == {(0, "nodeA"), (1, "nodeA"), (2, "nodeB"), (3, "nodeB")}
 
         wait_until(every_rank_seen, timeout_s=15, what="metrics of all four ranks at the root", tick=publish)
-        wait_until(lambda: {m["rank"] for m in events_only.of("event")} == {0, 1, 2, 3}, timeout_s=5,
-                   what="events of all four ranks", tick=publish)
+        wait_until(
+            lambda: {m["rank"] for m in events_only.of("event")} == {0, 1, 2, 3},
+            timeout_s=5,
+            what="events of all four ranks",
+            tick=publish,
+        )
         assert not [m for m in events_only.messages if m["type"] != "event"], "subscribed to events only"
         relay_names = {"node@nodeA", "node@nodeB", root.name}
-        wait_until(lambda: {m["run"] for m in everything.of("relay")} == relay_names,
-                   timeout_s=5, what="every relay's heartbeat", tick=publish)
+        wait_until(
+            lambda: {m["run"] for m in everything.of("relay")} == relay_names,
+            timeout_s=5,
+            what="every relay's heartbeat",
+            tick=publish,
+        )
+
         def node_a_beats() -> list[dict[str, Any]]:
             return [m for m in everything.of("relay") if m["run"] == "node@nodeA"]
 
         # Its first beat went out as it started, before it had forwarded anything.
-        wait_until(lambda: node_a_beats()[-1]["stats"]["out"] > 0, timeout_s=5, what="a beat with counts",
-                   tick=publish)
+        wait_until(
+            lambda: node_a_beats()[-1]["stats"]["out"] > 0,
+            timeout_s=5,
+            what="a beat with counts",
+            tick=publish,
+        )
         node_beat = node_a_beats()[-1]
         assert node_beat["upstream"] == root_address and node_beat["publishers"] == 2
         assert {(r["rank"], r["host"]) for r in node_beat["ranks"]} == {(0, "nodeA"), (1, "nodeA")}
@@ -167,8 +195,9 @@ def test_relays_as_commands_forward_a_publisher_and_a_killed_node_relay_is_picke
     root_address = f"tcp://127.0.0.1:{free_port_pair()}"
     monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(tmp_path / "node"))
     env = dict(os.environ)
-    root = subprocess.Popen([*TUIMON, "relay", "--root", "--listen", root_address],
-                            stderr=subprocess.PIPE, text=True)
+    root = subprocess.Popen(
+        [*TUIMON, "relay", "--root", "--listen", root_address], stderr=subprocess.PIPE, text=True
+    )
     node_command = [*TUIMON, "relay", "--upstream", root_address]
     node = subprocess.Popen(node_command, env=env, stderr=subprocess.PIPE, text=True)
     publisher = None
@@ -186,14 +215,22 @@ def test_relays_as_commands_forward_a_publisher_and_a_killed_node_relay_is_picke
             viewer.read()
             time.sleep(0.02)
 
-        wait_until(lambda: viewer.of("metrics"), timeout_s=15, what="a metric through two relay processes",
-                   tick=publish)
+        wait_until(
+            lambda: viewer.of("metrics"),
+            timeout_s=15,
+            what="a metric through two relay processes",
+            tick=publish,
+        )
         node.terminate()
         assert node.wait(timeout=10) == 0, "a relay stops cleanly on SIGTERM"
         before = step
         node = subprocess.Popen(node_command, env=env, stderr=subprocess.PIPE, text=True)
-        wait_until(lambda: any(m["step"] > before for m in viewer.of("metrics")), timeout_s=15,
-                   what="metrics again after the node relay restarted", tick=publish)
+        wait_until(
+            lambda: any(m["step"] > before for m in viewer.of("metrics")),
+            timeout_s=15,
+            what="metrics again after the node relay restarted",
+            tick=publish,
+        )
     finally:
         if publisher is not None:
             publisher.close()
@@ -206,17 +243,29 @@ def test_relays_as_commands_forward_a_publisher_and_a_killed_node_relay_is_picke
 def test_a_root_without_an_address_or_with_an_upstream_is_a_one_line_error() -> None:
     done = subprocess.run([*TUIMON, "relay", "--root"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "needs --listen" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run([*TUIMON, "relay", "--listen", "tcp://192.0.2.1:7000"],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [*TUIMON, "relay", "--listen", "tcp://192.0.2.1:7000"], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2 and "cannot listen on tcp://192.0.2.1:7000" in done.stderr
 
 
 def test_a_relay_heartbeat_is_a_valid_message_the_viewer_keeps_apart_from_runs() -> None:
     from tuimon.store import Store
 
-    beat = make_message("relay", run="node@n1", rank=0, host="n1", ts=time.time(), seq=0, role="node", listen="tcp://127.0.0.1:5",
-                        upstream=None, publishers=1, ranks=[{"run": "r", "rank": 0, "host": "n1"}],
-                        stats={"in": 3, "out": 3})
+    beat = make_message(
+        "relay",
+        run="node@n1",
+        rank=0,
+        host="n1",
+        ts=time.time(),
+        seq=0,
+        role="node",
+        listen="tcp://127.0.0.1:5",
+        upstream=None,
+        publishers=1,
+        ranks=[{"run": "r", "rank": 0, "host": "n1"}],
+        stats={"in": 3, "out": 3},
+    )
     store = Store()
     store.apply_batch([decode(encode(beat))], received=1)
     assert store.run_names() == [] and [r["run"] for r in store.relays()] == ["node@n1"]
@@ -234,11 +283,27 @@ def test_tuimon_run_with_relay_reaches_the_root_from_start_to_end(
         script = Path(__file__).parent / "scripts" / "plain_train.py"
         env = {**os.environ, "TUIMON_RUNTIME_DIR": str(tmp_path / "node"), "TUIMON_RELAY": root_address}
         env.pop("LOCAL_RANK", None)
-        training = subprocess.Popen([*TUIMON, "run", "--run", "relayed", "--gpu", "none", "--",
-                                     sys.executable, str(script), "--steps", "400", "--step-delay", "0.01"],
-                                    env=env)
-        wait_until(lambda: training.poll() is not None, timeout_s=120, what="the training to end",
-                   tick=viewer.read)
+        training = subprocess.Popen(
+            [
+                *TUIMON,
+                "run",
+                "--run",
+                "relayed",
+                "--gpu",
+                "none",
+                "--",
+                sys.executable,
+                str(script),
+                "--steps",
+                "400",
+                "--step-delay",
+                "0.01",
+            ],
+            env=env,
+        )
+        wait_until(
+            lambda: training.poll() is not None, timeout_s=120, what="the training to end", tick=viewer.read
+        )
         assert training.returncode == 0
         wait_until(lambda: viewer.of("run_end"), timeout_s=10, what="run_end at the root", tick=viewer.read)
         metrics = [m for m in viewer.of("metrics") if m["run"] == "relayed"]
@@ -263,8 +328,13 @@ def test_the_dashboard_source_at_the_root_shows_every_rank_with_its_history(
         for step in range(1, 51):
             publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
     root = Relay(listen=root_address, root=True, heartbeat_s=0.2)
-    node = Relay(listen="tcp://127.0.0.1:*", upstream=root_address, registry_dir=registry, host="nodeA",
-                 heartbeat_s=0.2)
+    node = Relay(
+        listen="tcp://127.0.0.1:*",
+        upstream=root_address,
+        registry_dir=registry,
+        host="nodeA",
+        heartbeat_s=0.2,
+    )
     source = LiveSource([root_address])
     step = 50
 
@@ -277,18 +347,170 @@ def test_the_dashboard_source_at_the_root_shows_every_rank_with_its_history(
 
     def history_of_both_ranks() -> bool:
         view = source.store.run_view("job")
-        return view is not None and len(view.ranks) == 2 and all(
-            list(source.store.series("job", "loss", rank=rank)[0][:1]) == [1] for rank in (0, 1))
+        return (
+            view is not None
+            and len(view.ranks) == 2
+            and all(list(source.store.series("job", "loss", rank=rank)[0][:1]) == [1] for rank in (0, 1))
+        )
 
     with running(root), running(node):
         source.start()
         try:
-            wait_until(history_of_both_ranks, timeout_s=20, what="both ranks from step 1 at the root",
-                       tick=publish)
-            wait_until(lambda: [r["run"] for r in source.store.relays()] == [node.name, root.name],
-                       timeout_s=5, what="both relays' heartbeats kept apart from the run")
+            wait_until(
+                history_of_both_ranks, timeout_s=20, what="both ranks from step 1 at the root", tick=publish
+            )
+            wait_until(
+                lambda: [r["run"] for r in source.store.relays()] == [node.name, root.name],
+                timeout_s=5,
+                what="both relays' heartbeats kept apart from the run",
+            )
             assert source.store.run_names() == ["job"]
         finally:
             source.stop()
     for publisher in publishers:
         publisher.close()
+
+
+@contextlib.contextmanager
+def two_node_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, list[Publisher], Relay]]:
+    """Nodes A (ranks 0, 1) and B (ranks 2, 3), each with its relay, under a root at the yielded address."""
+    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    registry_a, node_a = start_node("nodeA", tmp_path, monkeypatch, range(0, 2))
+    registry_b, node_b = start_node("nodeB", tmp_path, monkeypatch, range(2, 4))
+    root = Relay(listen=root_address, root=True, heartbeat_s=0.5)
+    relays = [
+        Relay(
+            listen="tcp://127.0.0.1:*",
+            upstream=root_address,
+            registry_dir=registry,
+            host=host,
+            heartbeat_s=0.5,
+        )
+        for registry, host in ((registry_a, "nodeA"), (registry_b, "nodeB"))
+    ]
+    try:
+        with running(root), running(relays[0]), running(relays[1]):
+            yield root_address, node_a + node_b, root
+    finally:
+        for publisher in node_a + node_b:
+            publisher.close()
+
+
+def first_event(viewer: Viewer, kind: str) -> dict[str, Any] | None:
+    return next((m for m in viewer.of("event") if m["kind"] == kind), None)
+
+
+def test_the_root_names_a_data_straggler_then_a_hung_rank_by_rank_and_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
+) -> None:
+    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, root):
+        events = Viewer(context, root_address, subscription("event"))
+        summaries = Viewer(context, root_address, subscription("summary"))
+        stepping = {publisher.rank: 0 for publisher in publishers}
+
+        def train() -> None:
+            for publisher in publishers:
+                if publisher.rank not in stepping:
+                    continue
+                stepping[publisher.rank] += 1
+                data_time = 0.012 if publisher.rank == 3 else 0.001  # rank 3's loader is slow
+                publisher.publish(
+                    "metrics",
+                    step=stepping[publisher.rank],
+                    metrics={"loss": 1.0 + publisher.rank, "step_time": 0.02, "data_time": data_time},
+                )
+            events.read()
+            summaries.read()
+            time.sleep(0.02)
+
+        started = time.monotonic()
+        wait_until(
+            lambda: first_event(events, "straggler"), timeout_s=15, what="a straggler named", tick=train
+        )
+        straggler = first_event(events, "straggler")
+        assert straggler is not None and time.monotonic() - started < 10
+        assert (
+            straggler["details"]["rank"],
+            straggler["details"]["host"],
+            straggler["details"]["cause"],
+        ) == (3, "nodeB", "data")
+        assert straggler["rank"] == 3 and straggler["by"] == root.name
+        node_b = next(m for m in reversed(summaries.of("summary")) if m["node"] == "nodeB")
+        assert node_b["ranks"] == [2, 3]
+        assert (node_b["metrics"]["loss"]["min"], node_b["metrics"]["loss"]["min_rank"]) == (3.0, 2)
+        assert (node_b["metrics"]["loss"]["max"], node_b["metrics"]["loss"]["max_rank"]) == (4.0, 3)
+        assert node_b["per_rank"]["data_time"] == [0.001, 0.012]
+
+        del stepping[2]  # rank 2's loop stops; its publisher's heartbeats go on
+        stopped = time.monotonic()
+        wait_until(lambda: first_event(events, "hang"), timeout_s=15, what="a hang named", tick=train)
+        hang = first_event(events, "hang")
+        assert hang is not None and time.monotonic() - stopped < 10
+        assert (hang["details"]["rank"], hang["details"]["host"], hang["details"]["whole_job"]) == (
+            2,
+            "nodeB",
+            False,
+        )
+        assert not [m for m in events.of("event") if m["kind"] == "hang" and m["details"]["rank"] != 2]
+        assert not first_event(events, "rank_lost"), "heartbeats continued: nobody is lost"
+
+
+LOST_PUBLISHER = """
+import time
+from publisher.wire.transport import Publisher
+publisher = Publisher("job", 4, heartbeat_s=0.5)
+step = 0
+while True:
+    step += 1
+    publisher.publish("metrics", step=step, metrics={"loss": 1.0})
+    time.sleep(0.02)
+"""
+
+
+def test_a_killed_rank_is_named_lost_with_its_host_and_last_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
+) -> None:
+    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, _):
+        events = Viewer(context, root_address, subscription("event"))
+        heartbeats = Viewer(context, root_address, subscription("heartbeat", "job", 4))
+        env = {**os.environ, "TUIMON_RUNTIME_DIR": str(tmp_path / "nodeB"), "TUIMON_HOST": "nodeB"}
+        doomed = subprocess.Popen([sys.executable, "-c", LOST_PUBLISHER], env=env)
+        try:
+
+            def beat() -> None:
+                for publisher in publishers:
+                    publisher.publish("metrics", step=1, metrics={"loss": 1.0})
+                events.read()
+                heartbeats.read()
+                time.sleep(0.05)
+
+            wait_until(
+                lambda: heartbeats.of("heartbeat"), timeout_s=15, what="rank 4's heartbeats", tick=beat
+            )
+            doomed.kill()
+            killed = time.monotonic()
+            wait_until(lambda: first_event(events, "rank_lost"), timeout_s=15, what="rank 4 lost", tick=beat)
+        finally:
+            doomed.kill()
+            doomed.wait(timeout=10)
+        lost = first_event(events, "rank_lost")
+        assert lost is not None and time.monotonic() - killed < 10
+        assert (lost["details"]["rank"], lost["details"]["host"]) == (4, "nodeB")
+        assert lost["details"]["last_step"] >= heartbeats.of("heartbeat")[-1]["step"]
+        assert {e["details"].get("rank") for e in events.of("event") if e["kind"] == "rank_lost"} == {4}
+
+
+def test_a_summary_whose_columns_do_not_match_its_ranks_is_refused_alone() -> None:
+    from publisher.wire.protocol import ProtocolError
+
+    def summary(**body: Any) -> bytes:
+        return encode(make_message("summary", run="r", rank=0, host="n", ts=1.0, seq=0, **body))
+
+    good = {"node": "n", "ranks": [0, 1], "metrics": {"loss": {"min": 1.0, "median": 1.5, "max": 2.0}}}
+    assert decode(summary(**good, per_rank={"step_time": [0.1, "nan"]}))["node"] == "n"
+    with pytest.raises(ProtocolError, match="one value per rank"):
+        decode(summary(**good, per_rank={"step_time": [0.1]}))
+    with pytest.raises(ProtocolError, match="ranks"):
+        decode(summary(**{**good, "ranks": [-1]}))

@@ -36,6 +36,10 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("step_time_outlier", "info", "one step took far longer than usual"),
         EventKind("data_bottleneck", "warning", "waiting for data dominates the step"),
         EventKind("memory_growth", "warning", "host or GPU memory keeps growing across steps"),
+        # A job of many ranks (judged by the relay at the top of the tree).
+        EventKind("straggler", "warning", "one rank holds the others back (data wait or compute)"),
+        EventKind("hang", "critical", "the step stopped advancing while heartbeats continue"),
+        EventKind("rank_lost", "critical", "a rank or relay stopped sending heartbeats"),
         # Data.
         EventKind("duplicate_batches", "warning", "the same batches come again (across workers or epochs)"),
         # GPUs (NVML).

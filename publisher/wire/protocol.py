@@ -31,7 +31,7 @@ PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20
 
 MESSAGE_TYPES = frozenset(
-    {"run_start", "metrics", "gpu", "event", "invariant", "heartbeat", "run_end", "relay"}
+    {"run_start", "metrics", "gpu", "event", "invariant", "heartbeat", "run_end", "relay", "summary"}
 )
 SEVERITIES = ("info", "warning", "critical")
 INVARIANT_STATUSES = ("ok", "violated", "unchecked")

@@ -53,6 +53,7 @@ MAX_FRAME_BYTES = {
     "run_end": 16 * 1024,
     "run_start": 1024 * 1024,
     "relay": 64 * 1024,
+    "summary": 256 * 1024,
 }
 
 #: Why a message was refused, as the viewer's status line counts them.
@@ -235,6 +236,36 @@ def _relay(message: Mapping[str, Any]) -> None:
     _object(message, "stats")
 
 
+def _summary(message: Mapping[str, Any]) -> None:
+    _string(message, "node", MAX_NAME_CHARS)
+    ranks = message.get("ranks")
+    if not isinstance(ranks, list) or not ranks or len(ranks) > MAX_LIST_ITEMS:
+        raise _error("field 'ranks' must be a list of 1 to 4,096 ranks")
+    if not all(type(rank) is int and 0 <= rank < 1 << 63 for rank in ranks):
+        raise _error("field 'ranks' must hold ranks (whole numbers from 0)", "out of range")
+    spreads = message.get("metrics")
+    if not isinstance(spreads, dict) or len(spreads) > MAX_METRICS:
+        raise _error(f"field 'metrics' must be an object of at most {MAX_METRICS:,} metrics")
+    check_free_form(spreads, "field 'metrics'")
+    for name, spread in spreads.items():
+        if len(name) > MAX_NAME_CHARS or not isinstance(spread, dict):
+            raise _error(f"summary metric {name[:80]!r}: an object, under a name of at most 256 characters")
+        for field in ("min", "median", "max"):
+            check_number(spread.get(field), f"summary {field} of {name[:80]!r}")
+    per_rank = message.get("per_rank")
+    if per_rank is not None:
+        if not isinstance(per_rank, dict) or len(per_rank) > MAX_METRICS:
+            raise _error("field 'per_rank' must be an object of lists")
+        for name, values in per_rank.items():
+            if not isinstance(values, list) or len(values) != len(ranks):
+                raise _error(f"per_rank {name[:80]!r} must hold one value per rank")
+            for value in values:
+                check_number(value, f"per_rank {name[:80]!r}")
+    for field in ("steps", "gpus"):
+        if message.get(field) is not None:
+            check_free_form(message[field], f"field {field!r}")
+
+
 def _run_start(message: Mapping[str, Any]) -> None:
     for field in ("config", "versions", "repro", "model"):
         _object(message, field)
@@ -268,6 +299,7 @@ BODY_CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     "run_start": _run_start,
     "run_end": _run_end,
     "relay": _relay,
+    "summary": _summary,
 }
 
 

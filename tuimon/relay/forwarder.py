@@ -28,14 +28,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
 from publisher.wire.hostname import host_name
-from publisher.wire.protocol import encode, make_message
+from publisher.wire.protocol import encode_fitted, make_message
 from publisher.wire.registry import RegistryEntry, live_entries
 from tuimon.errors import UserError
 from tuimon.relay.addresses import ingest_address
+from tuimon.relay.analysis import Analysis
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,10 @@ QUEUE_FRAMES = 100_000
 REGISTRY_SCAN_S = 1.0
 #: Publishers named in one heartbeat (a node has a handful; the count is always exact).
 MAX_LISTED = 64
+#: Longest wait of the main thread for the side socket (bounds the delay of summaries and beats).
+_TICK_MS = 50
+#: Frames the main thread reads from the side socket in one go.
+_DRAIN_FRAMES = 10_000
 _ids = itertools.count()
 
 
@@ -69,8 +75,13 @@ class RelayCounters:
         self.bytes_out += values[7]
 
     def as_dict(self) -> dict[str, int]:
-        return {"in": self.messages_in, "in_bytes": self.bytes_in, "out": self.messages_out,
-                "out_bytes": self.bytes_out, "restarts": self.restarts}
+        return {
+            "in": self.messages_in,
+            "in_bytes": self.bytes_in,
+            "out": self.messages_out,
+            "out_bytes": self.bytes_out,
+            "restarts": self.restarts,
+        }
 
 
 @dataclass
@@ -111,6 +122,8 @@ class Relay:
         self._sources = _Sources(list(sources))
         self._seq = 0
         self._thread: threading.Thread | None = None
+        # A node relay summarises its ranks; the top of the tree (nobody above) judges the job.
+        self.analysis = Analysis(self.name, self.host, summarize=not root, watch=upstream is None)
         self._context = zmq.Context()
         try:
             self._wire(listen)
@@ -130,8 +143,16 @@ class Relay:
         self.intake = _bind(self._xsub, ingest_address(self.listen), "node relays") if self.root else None
         if self.upstream is not None:
             self._xpub.connect(ingest_address(self.upstream))
+        side = f"inproc://tuimon-relay-side-{next(_ids)}"
+        self._xpub.bind(side)
+        self._side = context.socket(zmq.SUB)  # what the analysis reads, on this (the main) thread
+        self._side.rcvhwm = QUEUE_FRAMES
+        self._side.linger = 0
+        for topic in self.analysis.topics():
+            self._side.subscribe(topic)
+        self._side.connect(side)
         own = f"inproc://tuimon-relay-{next(_ids)}"
-        self._own = context.socket(zmq.PUB)  # the relay's heartbeats join the stream it forwards
+        self._own = context.socket(zmq.PUB)  # the relay's own messages join the stream it forwards
         self._own.bind(own)
         self._xsub.connect(own)
         for address in self._sources.given:
@@ -149,7 +170,8 @@ class Relay:
     # --------------------------------------------------------------------------------- running
 
     def serve(self, stop: threading.Event) -> None:
-        """Forward until ``stop`` is set: scan for publishers and beat, once a second or so."""
+        """Forward until ``stop`` is set; meanwhile read the side socket for the analysis, send what
+        it makes, scan for publishers and beat."""
         self._start_proxy()
         next_scan = next_beat = 0.0
         try:
@@ -161,8 +183,10 @@ class Relay:
                 if now >= next_beat:
                     self._beat()
                     next_beat = now + self.heartbeat_s
-                stop.wait(min(next_scan if self.registry_dir is not None else next_beat, next_beat)
-                          - time.monotonic())
+                for msg_type, run, rank, host, step, body in self.analysis.due(now):
+                    self._send(msg_type, run, rank, host, step, body)
+                if self._side.poll(_TICK_MS):
+                    self.analysis.feed(_drain(self._side), time.monotonic())
         finally:
             self._stop_proxy()
             self._context.destroy(linger=0)
@@ -222,18 +246,42 @@ class Relay:
 
     def _beat(self) -> None:
         found = list(self._sources.found.values())
+        self._send(
+            "relay",
+            self.name,
+            0,
+            self.host,
+            None,
+            {
+                "role": "root" if self.root else "node",
+                "listen": self.listen,
+                "upstream": self.upstream,
+                "publishers": len(self._sources.addresses()),
+                "ranks": [{"run": e.run, "rank": e.rank, "host": e.host} for e in found[:MAX_LISTED]],
+                "stats": {**self.statistics(), "malformed": sum(self.analysis.malformed.values())},
+            },
+        )
+
+    def _send(
+        self, msg_type: str, run: str, rank: int, host: str, step: int | None, body: dict[str, Any]
+    ) -> None:
+        """One message of the relay's own into the stream (numbered by the relay)."""
         message = make_message(
-            "relay", run=self.name, rank=0, host=self.host, ts=time.time(), seq=self._seq,
-            role="root" if self.root else "node",
-            listen=self.listen,
-            upstream=self.upstream,
-            publishers=len(self._sources.addresses()),
-            ranks=[{"run": e.run, "rank": e.rank, "host": e.host} for e in found[:MAX_LISTED]],
-            stats=self.statistics(),
+            msg_type, run=run, rank=rank, host=host, ts=time.time(), seq=self._seq, step=step, **body
         )
         self._seq += 1
-        with contextlib.suppress(zmq.Again):  # nobody subscribed yet: a heartbeat is not kept
-            self._own.send(encode(message), zmq.NOBLOCK)
+        with contextlib.suppress(zmq.Again):  # nobody subscribed: nothing is kept for later
+            self._own.send(encode_fitted(message), zmq.NOBLOCK)
+
+
+def _drain(sock: zmq.Socket) -> list[bytes]:
+    frames = []
+    for _ in range(_DRAIN_FRAMES):
+        try:
+            frames.append(sock.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            break
+    return frames
 
 
 def _bind(sock: zmq.Socket, address: str, for_whom: str) -> str:
@@ -247,4 +295,3 @@ def _bind(sock: zmq.Socket, address: str, for_whom: str) -> str:
     except zmq.ZMQError as exc:
         raise UserError(f"cannot listen on {address} for {for_whom}: {exc.strerror}") from None
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
-

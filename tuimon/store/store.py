@@ -47,7 +47,7 @@ _CHUNK_VALUES = 5_000
 #: Preferred throughput metrics, best first.
 THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s")
 #: Sections of a run that have their own version counter.
-SECTIONS = ("run", "metrics", "gpu", "events", "invariants")
+SECTIONS = ("run", "metrics", "gpu", "events", "invariants", "nodes")
 
 _RUN_END_SEVERITY = {"failed": 2, "interrupted": 1, "completed": 0}
 
@@ -94,6 +94,8 @@ class _Run:
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SECTIONS, 0))
     #: Metric names not kept (over :data:`MAX_METRIC_NAMES`, or no room for more series).
     names_left_out: set[str] = field(default_factory=set)
+    #: The latest summary of each node (from node relays), by node name.
+    nodes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def _number(value: Any) -> float:
@@ -283,8 +285,16 @@ class Store:
                 self._source_version = self._next()
             return
         run = self._run(message["run"])
+        if run is not None and message["type"] == "summary":  # a node's ranks in one message
+            self._on_summary(run, message)
+            return
         state = self._rank(run, message["rank"], message["host"]) if run is not None else None
         if run is None or state is None:
+            return
+        if "by" in message:  # a relay's finding about this rank: not a message of the rank's own
+            handler = self._HANDLERS.get(message["type"])
+            if handler is not None:
+                handler(self, run, state, message)
             return
         seq = message["seq"]
         if live and state.last_seq is not None:
@@ -302,6 +312,12 @@ class Store:
         handler = self._HANDLERS.get(message["type"])
         if handler is not None:  # a type this viewer does not know: the protocol says to ignore it
             handler(self, run, state, message)
+
+    def _on_summary(self, run: _Run, message: Mapping[str, Any]) -> None:
+        node = message["node"]
+        if node in run.nodes or len(run.nodes) < MAX_RANKS:
+            run.nodes[node] = message
+            self._bump(run, "nodes")
 
     def _on_metrics(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
         step = message["step"]
@@ -442,6 +458,12 @@ class Store:
         with self._lock:
             state = self._runs.get(run)
             return dict(state.versions) if state else dict.fromkeys(SECTIONS, 0)
+
+    def node_summaries(self, run: str) -> list[Mapping[str, Any]]:
+        """The latest summary of each node of ``run``, by node name (empty without relays)."""
+        with self._lock:
+            state = self._runs.get(run)
+            return [state.nodes[name] for name in sorted(state.nodes)] if state else []
 
     def relays(self) -> list[Mapping[str, Any]]:
         """The latest heartbeat of each relay the stream came through, by name."""

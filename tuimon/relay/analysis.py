@@ -1,0 +1,122 @@
+"""What a relay does with the stream besides forwarding it, on its main thread.
+
+A side SUB socket on the relay's own XPUB receives only the types it needs (ZeroMQ filters the
+rest before Python sees them): a node relay reads its ranks' ``metrics`` and ``gpu`` to make the
+node's summaries (:mod:`tuimon.relay.summary`); the relay at the top of the tree (the root, or a
+node relay with nobody above it) reads heartbeats, summaries and relay beats to judge the job
+(:mod:`tuimon.relay.watch`). Everything it produces goes back into the stream as ordinary
+messages, so viewers, ``tuimon tail`` and the root see them like any other.
+
+A frame that does not decode is counted by reason (the relay's heartbeat reports it) and skipped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from publisher.wire.protocol import ProtocolError, decode
+from publisher.wire.topics import subscription
+from tuimon.relay.summary import DEFAULT_PERIOD_S, NodeSummarizer
+from tuimon.relay.watch import JobWatch
+
+#: Seconds between two updates of a finding that lasts (its ``count`` grows).
+REPEAT_S = 5.0
+
+#: (type, run, rank, host, step, body) of a message the relay is to send.
+Outgoing = tuple[str, str, int, str, int | None, dict[str, Any]]
+
+
+@dataclass
+class _Episode:
+    id: str
+    step: int | None
+    count: int
+    sent_at: float
+
+
+class Analysis:
+    """Summaries (``summarize``) and job judgements (``watch``) of one relay named ``name``."""
+
+    def __init__(self, name: str, host: str, *, summarize: bool, watch: bool) -> None:
+        self.name = name
+        self.host = host
+        self.summarizer = NodeSummarizer(host) if summarize else None
+        self.watch = JobWatch() if watch else None
+        self.malformed: Counter[str] = Counter()
+        self._next_summary = 0.0
+        self._episodes: dict[tuple[str, str, object], _Episode] = {}
+        self._episode_ids = 0
+
+    def topics(self) -> list[bytes]:
+        """What the side socket subscribes to."""
+        wanted = set()
+        if self.summarizer is not None:
+            wanted |= {"metrics", "gpu", "run_end"}
+        if self.watch is not None:
+            wanted |= {"heartbeat", "summary", "relay", "run_start", "run_end"}
+        return [subscription(msg_type) for msg_type in sorted(wanted)]
+
+    def feed(self, frames: list[bytes], now: float) -> None:
+        for frame in frames:
+            try:
+                message = decode(frame)
+            except ProtocolError as exc:
+                self.malformed[exc.reason] += 1
+                continue
+            if message.get("by") == self.name:
+                continue  # our own findings, come back through the proxy
+            if self.summarizer is not None and message["type"] in ("metrics", "gpu", "run_end"):
+                self.summarizer.observe(message)
+            if self.watch is not None:
+                self.watch.observe(message, now)
+
+    def due(self, now: float) -> Iterator[Outgoing]:
+        """The summaries and events to send now (call a few times a second)."""
+        if now < self._next_summary:
+            return
+        self._next_summary = now + DEFAULT_PERIOD_S
+        if self.summarizer is not None:
+            for run, rank, body in self.summarizer.summaries():
+                yield "summary", run, rank, self.host, None, body
+        if self.watch is not None:
+            yield from self._events(now)
+
+    def _events(self, now: float) -> Iterator[Outgoing]:
+        assert self.watch is not None
+        seen = set()
+        for finding in self.watch.check(now):
+            key = (finding.run, finding.kind, finding.details.get("relay", finding.rank))
+            seen.add(key)
+            episode = self._episodes.get(key)
+            if episode is None:
+                self._episode_ids += 1
+                step = finding.details.get("step", finding.details.get("last_step"))
+                episode = self._episodes[key] = _Episode(
+                    f"{self.name}/{self._episode_ids}", step if isinstance(step, int) else None, 0, -REPEAT_S
+                )
+            if now - episode.sent_at < REPEAT_S:
+                continue
+            episode.count += 1
+            episode.sent_at = now
+            body: dict[str, Any] = {
+                "id": episode.id,
+                "kind": finding.kind,
+                "severity": finding.severity,
+                "message": finding.message,
+                "details": finding.details,
+                "count": episode.count,
+                "by": self.name,
+            }
+            yield (
+                "event",
+                finding.run,
+                finding.rank,
+                finding.details.get("host", self.host),
+                episode.step,
+                body,
+            )
+        for key in [key for key in self._episodes if key not in seen]:
+            del self._episodes[key]  # over: a later one is a new episode

@@ -1,0 +1,129 @@
+"""A node's ranks reduced to one ``summary`` message per run, twice a second.
+
+Per-step metrics of every rank would swamp the root of a large job (4,096 ranks at 10 steps a
+second is 40,000 messages a second before anyone looks at them), so a node relay reduces its
+ranks' latest values: for each metric the minimum, median and maximum over the node's ranks, with
+the ranks holding the minimum and the maximum (what Megatron-LM's straggler detector logs every
+interval: ``MnRtt/Rnk``, ``MxRtt/Rnk``), plus the per-rank figures a job view draws and judges
+(step, step time, data wait) and the latest reading of each GPU. A viewer that drills into one
+rank subscribes to that rank's full stream instead (:mod:`publisher.wire.topics`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from publisher.wire.protocol import read_number, wire_number
+
+#: Seconds between two summaries of a run (the issue's default rate, 2 Hz).
+DEFAULT_PERIOD_S = 0.5
+#: Per-rank figures each summary carries, aligned with its ``ranks`` (None where a rank has none).
+PER_RANK = ("step_time", "data_time", "loss")
+#: GPU readings each summary carries per device.
+GPU_FIELDS = ("util", "mem_used", "mem_total", "temp_c", "power_w", "sm_clock_mhz")
+
+
+@dataclass
+class _RankLatest:
+    host: str
+    step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    gpus: list[Mapping[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _RunLatest:
+    ranks: dict[int, _RankLatest] = field(default_factory=dict)
+    changed: bool = False
+
+
+class NodeSummarizer:
+    """Keeps the latest metrics and GPU readings of each (run, rank) it is shown, and makes the
+    summaries. Single-threaded: the relay's main thread feeds it and asks for summaries."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._runs: dict[str, _RunLatest] = {}
+
+    def observe(self, message: Mapping[str, Any]) -> None:
+        """A decoded ``metrics``, ``gpu`` or ``run_end`` message of one of the node's ranks."""
+        msg_type, run_name = message["type"], message["run"]
+        if msg_type == "run_end":
+            run = self._runs.get(run_name)
+            if run is not None:
+                run.ranks.pop(message["rank"], None)
+                if not run.ranks:
+                    del self._runs[run_name]
+            return
+        run = self._runs.setdefault(run_name, _RunLatest())
+        rank = run.ranks.get(message["rank"])
+        if rank is None:
+            rank = run.ranks[message["rank"]] = _RankLatest(message["host"])
+        if msg_type == "metrics":
+            rank.step = message["step"]
+            numbers = ((name, read_number(value)) for name, value in message["metrics"].items())
+            rank.metrics = {name: number for name, number in numbers if number is not None}
+        elif msg_type == "gpu":
+            rank.gpus = message["devices"]
+        run.changed = True
+
+    def summaries(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """(run, lowest rank, body) of a ``summary`` for each run with news since the last call."""
+        made = []
+        for name, run in self._runs.items():
+            if not run.changed:
+                continue
+            run.changed = False
+            ranks = sorted(run.ranks)
+            made.append((name, ranks[0], self._summary(ranks, run)))
+        return made
+
+    def _summary(self, ranks: list[int], run: _RunLatest) -> dict[str, Any]:
+        latest = [run.ranks[rank] for rank in ranks]
+        names = sorted({name for rank in latest for name in rank.metrics})
+        return {
+            "node": self.node,
+            "ranks": ranks,
+            "steps": [rank.step for rank in latest],
+            "metrics": {name: spread(ranks, [rank.metrics.get(name) for rank in latest]) for name in names},
+            "per_rank": {name: [wire_number(rank.metrics.get(name)) for rank in latest] for name in PER_RANK},
+            "gpus": [
+                {
+                    "rank": number,
+                    "index": device.get("index"),
+                    **{key: device.get(key) for key in GPU_FIELDS if key in device},
+                }
+                for number, rank in zip(ranks, latest, strict=True)
+                for device in rank.gpus
+            ],
+        }
+
+
+def spread(ranks: list[int], values: list[float | None]) -> dict[str, Any]:
+    """Minimum, median and maximum of the finite values, with the ranks holding the extremes, and
+    the ranks whose value is not finite (a NaN loss on one rank is news on its own)."""
+    finite = [
+        (value, rank)
+        for rank, value in zip(ranks, values, strict=True)
+        if value is not None and math.isfinite(value)
+    ]
+    nonfinite = [
+        rank
+        for rank, value in zip(ranks, values, strict=True)
+        if value is not None and not math.isfinite(value)
+    ]
+    if not finite:
+        return {"nonfinite_ranks": nonfinite}
+    low, high = min(finite), max(finite)
+    return {
+        "min": low[0],
+        "min_rank": low[1],
+        "median": statistics.median(v for v, _ in finite),
+        "max": high[0],
+        "max_rank": high[1],
+        "nonfinite_ranks": nonfinite,
+    }
