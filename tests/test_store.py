@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 from conftest import RunBuilder, synthetic_run
 
@@ -200,3 +201,38 @@ def test_notices_expire() -> None:
     assert store.notices() == ["kept"]
     store.set_notice("a", None)
     assert store.notices() == []
+
+
+def test_node_summaries_make_one_cell_per_gpu_or_rank_and_a_loss_band_across_nodes() -> None:
+    """What the job grid and the loss band read, from summaries as node relays send them."""
+    from publisher.wire.protocol import decode, encode, make_message
+    from tuimon.store.job import BAND_PERIOD_S
+
+    store = Store()
+
+    def summary(node: str, ranks: list[int], step: int, losses: list[float], gpus: list[dict]) -> dict:
+        body = {"node": node, "ranks": ranks, "steps": [step] * len(ranks),
+                "metrics": {"loss": {"min": min(losses), "min_rank": ranks[losses.index(min(losses))],
+                                     "median": sorted(losses)[len(losses) // 2], "max": max(losses),
+                                     "max_rank": ranks[losses.index(max(losses))]}},
+                "per_rank": {"step_time": [0.1] * len(ranks), "data_time": [0.0] * len(ranks),
+                             "loss": losses},
+                "gpus": gpus}
+        return decode(encode(make_message("summary", run="job", rank=ranks[0], host=node, ts=1.0, seq=step,
+                                          **body)))
+
+    gpu = {"rank": 0, "index": 0, "util": 90, "mem_used": 20, "mem_total": 80, "temp_c": 61}
+    store.apply_batch([summary("a", [0, 1], 5, [1.0, 3.0], [gpu]), summary("b", [2, 3], 5, [2.0, 2.5], [])],
+                      received=2)
+    view = store.job_view("job")
+    assert view is not None and [node.name for node in view.nodes] == ["a", "b"] and view.ranks == 4
+    first = view.nodes[0].cells
+    assert [(c.rank, c.index) for c in first] == [(0, 0), (1, None)], "a GPU where reported, else the rank"
+    assert first[0].values["mem"] == 0.25 and first[0].values["util"] == 90 and first[1].values["loss"] == 3.0
+    time.sleep(BAND_PERIOD_S)  # the band takes a point at most every BAND_PERIOD_S, from every node
+    store.apply_batch([summary("a", [0, 1], 6, [1.0, 3.0], [gpu]), summary("b", [2, 3], 6, [0.5, 4.0], [])],
+                      received=2)
+    steps, low, median, high = store.job_view("job").band
+    assert steps == (5, 6) and (low[-1], median[-1], high[-1]) == (0.5, 3.5, 4.0), "lowest, median, highest"
+    assert store.run_view("job") is not None and store.run_view("job").ranks == (), "no rank made up from it"
+    assert store.job_view("other") is None

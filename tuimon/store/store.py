@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from publisher.wire.protocol import ProtocolError, read_number
+from tuimon.store.job import JobState, JobView
 from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
 from tuimon.store.series import Ring, Series, share_of_points
 
@@ -94,8 +95,8 @@ class _Run:
     versions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SECTIONS, 0))
     #: Metric names not kept (over :data:`MAX_METRIC_NAMES`, or no room for more series).
     names_left_out: set[str] = field(default_factory=set)
-    #: The latest summary of each node (from node relays), by node name.
-    nodes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The node relays' summaries of this run, and its loss band.
+    job: JobState = field(default_factory=JobState)
 
 
 def _number(value: Any) -> float:
@@ -314,9 +315,8 @@ class Store:
             handler(self, run, state, message)
 
     def _on_summary(self, run: _Run, message: Mapping[str, Any]) -> None:
-        node = message["node"]
-        if node in run.nodes or len(run.nodes) < MAX_RANKS:
-            run.nodes[node] = message
+        if message["node"] in run.job.nodes or len(run.job.nodes) < MAX_RANKS:
+            run.job.add(message)
             self._bump(run, "nodes")
 
     def _on_metrics(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
@@ -459,11 +459,11 @@ class Store:
             state = self._runs.get(run)
             return dict(state.versions) if state else dict.fromkeys(SECTIONS, 0)
 
-    def node_summaries(self, run: str) -> list[Mapping[str, Any]]:
-        """The latest summary of each node of ``run``, by node name (empty without relays)."""
+    def job_view(self, run: str) -> JobView | None:
+        """The run as node relays summarise it (None when no relay sent a summary of it)."""
         with self._lock:
             state = self._runs.get(run)
-            return [state.nodes[name] for name in sorted(state.nodes)] if state else []
+            return state.job.view(run, time.monotonic()) if state and state.job.nodes else None
 
     def relays(self) -> list[Mapping[str, Any]]:
         """The latest heartbeat of each relay the stream came through, by name."""
