@@ -365,6 +365,15 @@ def test_the_dashboard_source_at_the_root_shows_every_rank_with_its_history(
                 what="both relays' heartbeats kept apart from the run",
             )
             assert source.store.run_names() == ["job"]
+            wait_until(
+                lambda: source.store.job_view("job") is not None,
+                timeout_s=5,
+                what="the node's summary",
+                tick=publish,
+            )
+            assert [node.name for node in source.store.job_view("job").nodes] == ["nodeA"]
+            view = source.store.run_view("job")
+            assert view is not None and view.gaps == 0, "the relay's numbering is not taken for a rank's"
         finally:
             source.stop()
     for publisher in publishers:

@@ -21,7 +21,8 @@ from publisher.wire.validation import MAX_FRAME_BYTES, REASONS, ProtocolError, c
 
 __all__ = [
     "MAX_MESSAGE_BYTES", "MESSAGE_TYPES", "PROTOCOL_VERSION", "REASONS", "SNAPSHOT_REQUEST", "ProtocolError",
-    "decode", "encode", "encode_fitted", "make_message", "read_number", "wire_number", "wire_numbers",
+    "decode", "encode", "encode_fitted", "make_message", "numbered_by_sender", "read_number", "wire_number",
+    "wire_numbers",
 ]
 
 PROTOCOL_VERSION = 1
@@ -33,6 +34,8 @@ MAX_MESSAGE_BYTES = 1 << 20
 MESSAGE_TYPES = frozenset(
     {"run_start", "metrics", "gpu", "event", "invariant", "heartbeat", "run_end", "relay", "summary"}
 )
+#: Types a relay makes itself: numbered by the relay, not by the rank their envelope names.
+RELAY_TYPES = frozenset({"relay", "summary"})
 SEVERITIES = ("info", "warning", "critical")
 INVARIANT_STATUSES = ("ok", "violated", "unchecked")
 RUN_END_STATUSES = ("completed", "failed", "interrupted")
@@ -118,6 +121,13 @@ def make_message(
         message["step"] = step
     message.update(body)
     return message
+
+
+def numbered_by_sender(message: Mapping[str, Any]) -> bool:
+    """Whether ``seq`` numbers the stream of the (run, rank) in the envelope: false for what a relay
+    made (its beats, node summaries, and findings about a rank, which carry ``by``), so readers
+    keep those out of a rank's gap counting and snapshot joining."""
+    return message["type"] not in RELAY_TYPES and "by" not in message
 
 
 def encode(message: Mapping[str, Any]) -> bytes:

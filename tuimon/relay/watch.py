@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from publisher.wire.protocol import numbered_by_sender
+
 #: Seconds without a heartbeat (sent every second) before a rank or relay is lost.
 LOST_AFTER_S = 5.0
 #: A step that has not advanced for this long, or for ``HANG_STEPS`` typical steps if longer, is stuck.
@@ -91,7 +93,7 @@ class JobWatch:
         if msg_type == "summary":
             self._observe_summary(message)
             return
-        if "by" in message:  # what a relay said about a rank, not the rank itself
+        if not numbered_by_sender(message):  # what a relay said about a rank, not the rank itself
             return
         ranks = self._runs.setdefault(message["run"], {})
         rank = ranks.get(message["rank"])

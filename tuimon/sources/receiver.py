@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode
+from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode, numbered_by_sender
 from publisher.wire.registry import live_entries
 from tuimon.store import SourceStatus
 
@@ -220,6 +220,9 @@ class Receiver:
                 malformed.append(exc)
                 continue
             if wanted_run is not None and message["run"] != wanted_run:
+                continue
+            if not numbered_by_sender(message):  # a relay's: no sender stream to join
+                ready.append(message)
                 continue
             key = (message["run"], message["rank"])
             sender = self.senders.get(key)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from publisher.wire.protocol import ProtocolError, read_number
+from publisher.wire.protocol import ProtocolError, numbered_by_sender, read_number
 from tuimon.store.job import JobState, JobView
 from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
 from tuimon.store.series import Ring, Series, share_of_points
@@ -292,7 +292,7 @@ class Store:
         state = self._rank(run, message["rank"], message["host"]) if run is not None else None
         if run is None or state is None:
             return
-        if "by" in message:  # a relay's finding about this rank: not a message of the rank's own
+        if not numbered_by_sender(message):  # a relay's finding about this rank, not the rank's own
             handler = self._HANDLERS.get(message["type"])
             if handler is not None:
                 handler(self, run, state, message)
