@@ -315,10 +315,11 @@ def test_tuimon_run_with_relay_reaches_the_root_from_start_to_end(
         root.wait(timeout=10)
 
 
-def test_the_dashboard_source_at_the_root_shows_every_rank_with_its_history(
+def test_the_dashboard_source_at_the_root_shows_the_focused_rank_with_its_history_and_every_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`tuimon watch ROOT` joins mid-run: each rank's snapshot fills in what came before it."""
+    """`tuimon watch ROOT` joins mid-run: the focused rank's snapshot fills in what came before it,
+    every rank is known from its heartbeats, and the node's summary stands for the others."""
     from tuimon.sources.live import LiveSource
 
     root_address = f"tcp://127.0.0.1:{free_port_pair()}"
@@ -327,6 +328,8 @@ def test_the_dashboard_source_at_the_root_shows_every_rank_with_its_history(
         publisher.publish("run_start", config={}, seed=0, world_size=2)
         for step in range(1, 51):
             publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
+    # Sent before any relay exists: the viewer can only learn them from a snapshot.
+    wait_until(lambda: all(p.stats()["sent"] >= 51 for p in publishers), what="the first 51 messages sent")
     root = Relay(listen=root_address, root=True, heartbeat_s=0.2)
     node = Relay(
         listen="tcp://127.0.0.1:*",
@@ -345,19 +348,22 @@ def test_the_dashboard_source_at_the_root_shows_every_rank_with_its_history(
             publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
         time.sleep(0.05)
 
-    def history_of_both_ranks() -> bool:
+    def focused_history_and_both_ranks() -> bool:
         view = source.store.run_view("job")
         return (
             view is not None
             and len(view.ranks) == 2
-            and all(list(source.store.series("job", "loss", rank=rank)[0][:1]) == [1] for rank in (0, 1))
+            and list(source.store.series("job", "loss", rank=0)[0][:1]) == [1]
         )
 
     with running(root), running(node):
         source.start()
         try:
             wait_until(
-                history_of_both_ranks, timeout_s=20, what="both ranks from step 1 at the root", tick=publish
+                focused_history_and_both_ranks,
+                timeout_s=20,
+                what="rank 0 from step 1, both ranks",
+                tick=publish,
             )
             wait_until(
                 lambda: [r["run"] for r in source.store.relays()] == [node.name, root.name],
@@ -523,3 +529,60 @@ def test_a_summary_whose_columns_do_not_match_its_ranks_is_refused_alone() -> No
         decode(summary(**good, per_rank={"step_time": [0.1]}))
     with pytest.raises(ProtocolError, match="ranks"):
         decode(summary(**{**good, "ranks": [-1]}))
+
+
+def test_through_a_relay_the_viewer_takes_summaries_and_one_focused_rank_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded traffic at any scale: per-step metrics of unfocused ranks never reach the viewer."""
+    from tuimon.sources.live import LiveSource
+
+    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, _):
+        source = LiveSource([root_address])
+        step = 0
+
+        def train() -> None:
+            nonlocal step
+            step += 1
+            for publisher in publishers:
+                publisher.publish("metrics", step=step, metrics={"loss": 1.0, "step_time": 0.02})
+            time.sleep(0.02)
+
+        def last_step(rank: int) -> int:
+            steps, _ = source.store.series("job", "loss", rank=rank)
+            return steps[-1] if steps else 0
+
+        source.start()
+        try:
+            wait_until(
+                lambda: source.subscriptions.job and last_step(0) > 0,
+                timeout_s=15,
+                what="job mode, rank 0 in focus",
+                tick=train,
+            )
+            wait_until(
+                lambda: (
+                    source.store.job_view("job") is not None and len(source.store.job_view("job").nodes) == 2
+                ),
+                timeout_s=10,
+                what="both nodes' summaries",
+                tick=train,
+            )
+            settled = {rank: last_step(rank) for rank in range(4)}
+            for _ in range(40):
+                train()
+            assert last_step(0) > settled[0] + 20, "the focused rank's metrics keep coming"
+            assert all(last_step(rank) == settled[rank] for rank in (1, 2, 3)), "the others' do not"
+            source.focus_rank("job", 3)
+            wait_until(
+                lambda: last_step(3) > settled[3] + 5,
+                timeout_s=10,
+                what="rank 3 after focusing it",
+                tick=train,
+            )
+            now_rank_0 = last_step(0)
+            for _ in range(40):
+                train()
+            assert last_step(0) <= now_rank_0 + 2, "rank 0 left the focus"
+        finally:
+            source.stop()

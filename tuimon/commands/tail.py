@@ -141,6 +141,7 @@ class LinePrinter:
         *,
         received: int | None = None,
         malformed: Iterable[ProtocolError] = (),
+        complete: bool = True,
     ) -> None:
         self._count(malformed)
         self._print(messages)

@@ -30,6 +30,7 @@ from tuimon.sources.receiver import (
     Receiver,
     describe_targets,
 )
+from tuimon.sources.subscriptions import Subscriptions
 from tuimon.store import Store
 
 __all__ = [
@@ -115,6 +116,8 @@ class LiveSource:
         self.run = run
         self.waiting_hint = waiting_hint
         self.store = Store(clock)
+        #: What the receiver subscribes to: everything, or through a relay the job's topics.
+        self.subscriptions = Subscriptions()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -128,6 +131,11 @@ class LiveSource:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+
+    def focus_rank(self, run: str, rank: int) -> None:
+        """Through a relay: receive this rank's full stream for ``run`` (metrics, GPUs), not only
+        its node's summaries. Direct from publishers every rank's stream arrives anyway."""
+        self.subscriptions.focus(run, rank)
 
     def where(self) -> str:
         """Where this source looks, in words (for "waiting" messages)."""
@@ -145,6 +153,7 @@ class LiveSource:
                 registry_dir=self.registry_dir,
                 run=self.run,
                 waiting_hint=self.waiting_hint,
+                subscriptions=self.subscriptions,
             )
             receiver.run(self._stop)
         finally:

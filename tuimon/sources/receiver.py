@@ -34,6 +34,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode, numbered_by_sender
 from publisher.wire.registry import live_entries
+from tuimon.sources.subscriptions import Subscriptions
 from tuimon.store import SourceStatus
 
 #: Seconds to wait for a snapshot reply before showing the sender's live messages only.
@@ -66,8 +67,10 @@ class MessageSink(Protocol):
         *,
         received: int | None = None,
         malformed: Iterable[ProtocolError] = (),
+        complete: bool = True,
     ) -> None:
-        """Live messages, in arrival order; ``received`` frames were read for them."""
+        """Live messages, in arrival order; ``received`` frames were read for them; ``complete``
+        False when their senders' streams are filtered (``seq`` jumps are not losses)."""
 
     def apply_snapshot(
         self,
@@ -135,6 +138,7 @@ class Receiver:
         registry_dir: Path | None = None,
         run: str | None = None,
         waiting_hint: str = WAITING_HINT,
+        subscriptions: Subscriptions | None = None,
     ) -> None:
         self.sink = sink
         self.context = context
@@ -145,6 +149,8 @@ class Receiver:
         self.sub = context.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        self.subscriptions = subscriptions or Subscriptions()
+        self.topics = {b""}
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.monitor = self.sub.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
@@ -189,6 +195,7 @@ class Receiver:
         ready = dict(self.poller.poll(_POLL_MS))
         if self.sub in ready:
             self.drain()
+        self.apply_topics()  # a focus asked for from another thread
         if self.monitor in ready:
             self.read_monitor()
         for dealer in [socket for socket in ready if socket in self.dealers]:
@@ -211,6 +218,7 @@ class Receiver:
                 break
         self.heard = self.heard or bool(frames)
         ready: list[dict[str, Any]] = []
+        filtered: list[dict[str, Any]] = []  # from ranks whose stream a relay filters for us
         malformed: list[ProtocolError] = []
         wanted_run = self.wanted_run
         for frame in frames:
@@ -221,6 +229,7 @@ class Receiver:
                 continue
             if wanted_run is not None and message["run"] != wanted_run:
                 continue
+            self.subscriptions.heard(message["type"], message["run"])
             if not numbered_by_sender(message):  # a relay's: no sender stream to join
                 ready.append(message)
                 continue
@@ -229,7 +238,8 @@ class Receiver:
             if sender is None:
                 sender = self.senders[key] = self.new_sender(key, message)
             if sender.live:
-                ready.append(message)
+                whole = not self.subscriptions.job or self.subscriptions.focused(*key)
+                (ready if whole else filtered).append(message)
                 continue
             sender.buffer.append(message)
             if sender.requested_at is None and message["type"] == "heartbeat":
@@ -239,11 +249,27 @@ class Receiver:
             if len(sender.buffer) > BUFFER_LIMIT:
                 self.go_live(key, sender, "too much traffic while waiting for the snapshot")
         self.sink.apply_batch(ready, received=len(frames), malformed=malformed)
+        if filtered:
+            self.sink.apply_batch(filtered, received=0, complete=False)
+        self.apply_topics()
+
+    def apply_topics(self) -> None:
+        """Hold the topics :attr:`subscriptions` asks for now (ZeroMQ passes the change upstream)."""
+        wanted = self.subscriptions.take_change()
+        if wanted is None:
+            return
+        for topic in wanted - self.topics:
+            self.sub.subscribe(topic)
+        for topic in self.topics - wanted:
+            self.sub.unsubscribe(topic)
+        self.topics = wanted
 
     def new_sender(self, key: tuple[str, int], first: dict[str, Any]) -> _Sender:
         """A sender heard for the first time: live at once if we saw its start, else snapshot first."""
         sender = _Sender(first_seen=time.monotonic())
-        if first["seq"] == 0:
+        if first["seq"] == 0 or (self.subscriptions.job and not self.subscriptions.focused(*key)):
+            # Through a relay only the focused rank's history is asked for: the others are
+            # summarised, and their snapshot sockets are on their own nodes.
             sender.live = True
         elif address := self.snapshot_addresses.get(key):
             self.request_snapshot(key, sender, address)

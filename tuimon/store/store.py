@@ -160,17 +160,20 @@ class Store:
         *,
         received: int | None = None,
         malformed: Iterable[ProtocolError] = (),
+        complete: bool = True,
     ) -> None:
         """Apply decoded live messages in order; count frames received and malformed ones.
 
         ``received`` is the number of frames read (defaults to the number of messages), so frames
-        dropped before decoding (malformed) still count as received.
+        dropped before decoding (malformed) still count as received. ``complete`` False: the
+        senders' streams are filtered by subscription (through a relay), so a jump in ``seq`` is
+        not a loss and is not counted as a gap.
         """
         malformed = list(malformed)
         applied = 0
         for chunk in _chunks(messages):  # the lock is let go between chunks: readers never wait long
             with self._lock:
-                applied += self._apply_each(chunk, live=True)
+                applied += self._apply_each(chunk, live=complete)
         with self._lock:
             self._received += (applied + len(malformed)) if received is None else received
             for error in malformed:
