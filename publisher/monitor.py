@@ -25,6 +25,7 @@ import atexit
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
@@ -91,6 +92,10 @@ class Monitor:
     an :class:`~publisher.invariants.InvariantConfig`, or False. They need the optimizer(s).
     ``memory_interval_s``: how often host and CUDA memory are read at least (0: every step); they
     are also read every few steps (:data:`~publisher.collect.memory.DEFAULT_EVERY_STEPS`).
+    ``hang_after_s``: seconds without a step after which the thread that calls :meth:`step`
+    counts as stalled, and heartbeats carry its Python stack and whether it waits in a
+    collective (:mod:`publisher.collect.watchdog`); None (the default) for max(5 s, 10 typical
+    steps). Heartbeats carry ``stalled_s`` from the first step on either way.
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class Monitor:
         invariants: bool | InvariantConfig = True,
         memory_interval_s: float = DEFAULT_INTERVAL_S,
         repeated_batches: bool = False,
+        hang_after_s: float | None = None,
     ) -> None:
         self._params = TrainedParams(model, optimizer)
         # Settings are checked before anything binds a port or starts a thread.
@@ -135,6 +141,7 @@ class Monitor:
             detectors=detectors,
             stats=StatsConfig() if stats is True else stats or None,
             invariants=InvariantConfig() if invariants is True else invariants or None,
+            hang_after_s=hang_after_s,
         )
         self._context = self._parts.detectors.context
         self._context.repeated_batches = bool(repeated_batches)
@@ -148,6 +155,7 @@ class Monitor:
         self.gpu_source = self._parts.gpu_source
         self._layers = self._parts.layers
         self._invariants = self._parts.invariants
+        self._watchdog = self._parts.watchdog
         atexit.register(self._close_at_exit)
 
     # -- the hot path ---------------------------------------------------------------------------
@@ -196,6 +204,7 @@ class Monitor:
         extra: dict[str, Any],
     ) -> None:
         now = time.perf_counter()
+        self._watchdog.thread_id = threading.get_ident()  # the thread whose stalls it reports
         step = self._step + 1 if step is None else int(step)
         self._step = step
         layers = self._layers

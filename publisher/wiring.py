@@ -2,10 +2,10 @@
 
 A Monitor is a thin façade over the training thread's reads (:mod:`publisher.monitor`); everything
 it feeds lives here: the publisher (socket, recording, registry), the GPU source and its sampler
-thread, the detectors and their episodes, the step worker thread, the layer sampler and the
-invariant checker. Building them is order-sensitive (``run_start`` goes out before the invariant
-checker announces its first statuses, a failed bind must release the GPU source), so the order is
-written once, here.
+thread, the detectors and their episodes, the step worker thread, the layer sampler, the
+invariant checker and the hang watchdog (whose findings ride on the publisher's heartbeats).
+Building them is order-sensitive (``run_start`` goes out before the invariant checker announces
+its first statuses, a failed bind must release the GPU source), so the order is written once, here.
 
 The glue runs off the training thread: :meth:`MonitorParts.publish_step` on the step worker's,
 :meth:`MonitorParts.on_gpu_sample` on the GPU sampler's. Failures of monitoring are counted by a
@@ -30,6 +30,7 @@ from publisher.collect.identity import describe_model, local_rank
 from publisher.collect.params import TrainedParams
 from publisher.collect.step_worker import StepWorker
 from publisher.collect.timing import StepTimer
+from publisher.collect.watchdog import HangWatchdog
 from publisher.detectors import Detector, DetectorSet, default_detectors
 from publisher.invariants import InvariantConfig
 from publisher.invariants.link import InvariantLink
@@ -91,13 +92,17 @@ class MonitorParts:
         detectors: bool | Iterable[Detector],
         stats: StatsConfig | None,
         invariants: InvariantConfig | None,
+        hang_after_s: float | None = None,
     ) -> None:
         self._errors = errors
         self._current_step = current_step
+        # Checks its setting; its thread starts once everything else is built.
+        self.watchdog = HangWatchdog(timer, after_s=hang_after_s, on_error=errors.failed)
         # GPUs are the node's: only local rank 0 reads them.
         self.gpu_source: GpuSource | None = open_gpu_source(gpu) if local_rank() == 0 else None
         try:
-            self.publisher = Publisher(run, rank, endpoint=endpoint, record=record)
+            self.publisher = Publisher(run, rank, endpoint=endpoint, record=record,
+                                       heartbeat_extra=self.watchdog.heartbeat_fields)
         except BaseException:
             if self.gpu_source is not None:
                 self.gpu_source.close()
@@ -122,6 +127,7 @@ class MonitorParts:
             if isinstance(self.gpu_source, SimulatedSource):
                 self.gpu_source.follow(timer.busy)
             self.sampler = GpuSampler(self.gpu_source, self.on_gpu_sample, gpu_interval).start()
+        self.watchdog.start()
 
     def _announce(self, run: str, rank: int, world_size: int, model: torch.nn.Module | None,
                   config: Mapping[str, Any] | None, seed: int | None) -> dict[str, Any]:
@@ -192,11 +198,12 @@ class MonitorParts:
         self.detectors.observe_gpu(step, devices, simulated=self._gpu_simulated)
 
     def closers(self, status: str, error: str | None) -> list[Callable[[], None]]:
-        """What closing does, in order: settle the invariants' verdicts in flight, stop sampling,
-        publish the steps still queued (the detectors see them), send held-back event counts,
-        then ``run_end``."""
+        """What closing does, in order: stop the hang watchdog (closing is no stall), settle the
+        invariants' verdicts in flight, stop sampling, publish the steps still queued (the
+        detectors see them), send held-back event counts, then ``run_end``."""
         return [
             action for action in (
+                self.watchdog.stop,
                 self.invariants.close if self.invariants else None,
                 self.layers.close if self.layers else None,
                 self.sampler.stop if self.sampler else None,

@@ -255,9 +255,14 @@ def test_each_connection_gets_one_snapshot_and_junk_is_counted(context: zmq.Cont
         assert publisher.stats()["snapshots"] == 2
 
 
-def test_binding_beyond_loopback_warns_who_can_read_the_run(caplog: pytest.LogCaptureFixture) -> None:
+def test_binding_beyond_loopback_needs_curve_keys_or_warns_who_can_read_the_run(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-keys-here"))
+    with pytest.raises(ValueError, match=r"needs CURVE keys .*`tuimon keys`"):
+        Publisher("refused", endpoint="tcp://0.0.0.0:*", register=False)
     with caplog.at_level(logging.WARNING, logger="publisher.wire.transport"):
-        with Publisher("open", endpoint="tcp://0.0.0.0:*", register=False):
+        with Publisher("open", endpoint="tcp://0.0.0.0:*", register=False, insecure=True):
             pass
         with Publisher("closed", register=False):
             pass

@@ -243,10 +243,16 @@ def test_relays_as_commands_forward_a_publisher_and_a_killed_node_relay_is_picke
 def test_a_root_without_an_address_or_with_an_upstream_is_a_one_line_error() -> None:
     done = subprocess.run([*TUIMON, "relay", "--root"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "needs --listen" in done.stderr and "Traceback" not in done.stderr
+    unreachable = "tcp://192.0.2.1:7000"  # TEST-NET-1: no interface of this machine has it
     done = subprocess.run(
-        [*TUIMON, "relay", "--listen", "tcp://192.0.2.1:7000"], capture_output=True, text=True, timeout=30
+        [*TUIMON, "relay", "--listen", unreachable, "--insecure"], capture_output=True, text=True, timeout=30
     )
-    assert done.returncode == 2 and "cannot listen on tcp://192.0.2.1:7000" in done.stderr
+    assert done.returncode == 2 and f"cannot listen on {unreachable}" in done.stderr
+    env = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent", "TUIMON_KEYS": ""}
+    done = subprocess.run(
+        [*TUIMON, "relay", "--listen", unreachable], capture_output=True, text=True, timeout=30, env=env
+    )
+    assert done.returncode == 2 and "needs CURVE keys" in done.stderr and "`tuimon keys`" in done.stderr
 
 
 def test_a_relay_heartbeat_is_a_valid_message_the_viewer_keeps_apart_from_runs() -> None:

@@ -17,6 +17,8 @@ What is hooked, all through public PyTorch extension points or thin wrappers:
   previous step are averaged (gradient accumulation, LBFGS closures).
 - ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``), its size
   (``samples_per_s``) and its fingerprint (repeated batches: :mod:`publisher.collect.batches`).
+- The Monitor's hang watchdog (:mod:`publisher.collect.watchdog`) follows the thread that steps
+  the primary optimizer, as it follows the caller of ``Monitor.step`` in a hand-written loop.
 - ``clip_grad_norm_``, ``clip_grad_value_`` and ``cross_entropy`` are watched
   (:mod:`publisher.collect.torch_calls`), installed as torch is imported so that the script's own
   imports of those names see the watched ones.

@@ -23,22 +23,34 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ipaddress
 import logging
 import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from publisher.wire import registry, snapshot_gate
+from publisher.wire.curve import (
+    HANDSHAKE_FAILURES,
+    Guard,
+    JobKeys,
+    beyond_loopback,
+    insecure_allowed,
+    load_keys,
+    refusal,
+    server_keys,
+)
 from publisher.wire.history import SnapshotHistory
 from publisher.wire.hostname import host_name, machine_name
 from publisher.wire.protocol import (
+    ENVELOPE_FIELDS,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     RUN_END_STATUSES,
@@ -66,6 +78,8 @@ _BATCH = 1_000
 _LINGER_MS = 200
 
 _QueuedMessage = tuple[str, int | None, float, dict[str, Any]]  # (type, step, ts, body)
+#: Fields a heartbeat's extra fields may not set: the envelope's and the heartbeat's own.
+_HEARTBEAT_OWN = frozenset({*ENVELOPE_FIELDS, "step", "snapshot", "stats"})
 
 
 def _name(what: str, value: str) -> str:
@@ -73,17 +87,6 @@ def _name(what: str, value: str) -> str:
     if not (isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS):
         raise ValueError(f"{what} must be a name of 1 to {MAX_NAME_CHARS} characters, got {repr(value)[:80]}")
     return value
-
-
-def loopback_only(endpoint: str) -> bool:
-    """Whether a bound address is reachable from this machine only (ipc, or tcp on loopback)."""
-    if not endpoint.startswith("tcp://"):
-        return True
-    host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _snapshot_address(pub_endpoint: str) -> str:
@@ -105,6 +108,13 @@ class Publisher:
 
     ``close()`` (or leaving the ``with`` block, or interpreter exit) sends ``run_end``: do not
     publish one yourself.
+
+    ``heartbeat_extra``: called on the sender thread before each heartbeat, returns fields to add
+    to it (JSON-safe, small: the heartbeat's 16 KiB bound holds); how the layers above say
+    something every second without a thread of their own (the hang watchdog's ``stalled_s`` and
+    ``stack``). It must not block. Fields it returns that the heartbeat already has are ignored;
+    if it raises, or its fields make the heartbeat unsendable, the heartbeat goes without them
+    and :attr:`heartbeat_extra_failures` counts it (the first is logged).
     """
 
     def __init__(
@@ -120,6 +130,9 @@ class Publisher:
         history_metrics: int = 10_000,
         heartbeat_s: float = 1.0,
         register: bool = True,
+        heartbeat_extra: Callable[[], Mapping[str, Any]] | None = None,
+        keys: JobKeys | None = None,
+        insecure: bool | None = None,
     ) -> None:
         if heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s!r}")
@@ -130,6 +143,14 @@ class Publisher:
         self._queue: deque[_QueuedMessage] = deque()
         self._queue_max = queue_max
         self._heartbeat_s = heartbeat_s
+        self._heartbeat_extra = heartbeat_extra
+        self._extra_failures = 0
+        # CURVE (publisher/wire/curve.py) for an endpoint beyond loopback: the job's keys (None:
+        # $TUIMON_KEYS or the default file), or ``insecure`` (None: $TUIMON_INSECURE).
+        self._keys, self._insecure = keys, insecure
+        self._guard: Guard | None = None
+        self._refusals: list[zmq.Socket] = []  # handshake-failure monitors of the CURVE sockets
+        self._refused = 0
         self._history = SnapshotHistory(max_metrics=history_metrics)
         self._started = time.time()
         self._pid = os.getpid()
@@ -160,6 +181,7 @@ class Publisher:
             self._pub, self._router = self._bind(DEFAULT_ENDPOINT if endpoint is None else endpoint, hwm)
             self._recorder = None if record is None else Recorder(record)
         except BaseException:
+            self._close_guard()
             self._context.destroy(linger=0)
             raise
         # Thread start is a memory barrier: from here on only the sender thread touches the sockets.
@@ -188,6 +210,15 @@ class Publisher:
         router.linger = 0
         if "[" in endpoint:  # an IPv6 literal such as tcp://[::1]:*
             pub.ipv6 = router.ipv6 = True
+        insecure = insecure_allowed() if self._insecure is None else self._insecure
+        if beyond_loopback(endpoint) and not insecure:  # CURVE, or a clear refusal (docs/protocol.md)
+            serve = server_keys(endpoint, self._keys or load_keys(), insecure=False,
+                                what=f"run {self.run!r} publishing")
+            assert serve is not None
+            self._guard = Guard(self._context, serve)
+            for sock in (pub, router):
+                serve.serve(sock)
+                self._refusals.append(sock.get_monitor_socket(HANDSHAKE_FAILURES))
         try:
             pub.bind(endpoint)
             self._endpoint = pub.last_endpoint.decode()
@@ -198,11 +229,11 @@ class Publisher:
                 f"cannot publish on {endpoint!r}: {zmq.strerror(exc.errno)}; "
                 f"use an address such as {_ENDPOINT_EXAMPLES}"
             ) from None
-        if not loopback_only(self._endpoint):
+        if beyond_loopback(self._endpoint) and insecure:
             log.warning(
-                "tuimon: run %r publishes on %s, beyond this machine: anyone who can reach it can read "
-                "its metrics, events, config, argv and working directory, and send to its snapshot "
-                "socket; nothing is encrypted or authenticated. Bind to 127.0.0.1 or ipc:// unless "
+                "tuimon: run %r publishes on %s, beyond this machine, without CURVE (insecure): anyone "
+                "who can reach it can read its metrics, events, config, argv and working directory, and "
+                "send to its snapshot socket. Use CURVE keys (`tuimon keys`) or bind to 127.0.0.1 unless "
                 "that is what you want.",
                 self.run, self._endpoint,
             )
@@ -241,6 +272,11 @@ class Publisher:
         return self._snapshot_endpoint
 
     @property
+    def heartbeat_extra_failures(self) -> int:
+        """Heartbeats sent without the ``heartbeat_extra`` fields because it failed or they did not fit."""
+        return self._extra_failures
+
+    @property
     def bad_requests(self) -> int:
         """Frames on the snapshot socket that were not snapshot requests (ignored)."""
         return self._gate.bad
@@ -248,7 +284,8 @@ class Publisher:
     def stats(self) -> dict[str, int]:
         """Counts since start: ``sent``, ``dropped`` (never sent), ``queued``, ``recorded`` lines;
         on the snapshot socket, ``snapshots`` served, ``snapshots_refused`` (over a rate limit) and
-        ``bad_requests`` (frames that were not requests)."""
+        ``bad_requests`` (frames that were not requests); ``refused``: connections that failed
+        the CURVE handshake (an endpoint beyond loopback)."""
         return {
             "sent": self._sent,
             "dropped": self._queue_dropped + self._send_dropped,
@@ -257,6 +294,7 @@ class Publisher:
             "snapshots": self._gate.served,
             "snapshots_refused": self._gate.refused,
             "bad_requests": self._gate.bad,
+            "refused": self._refused,
         }
 
     def count_drop(self) -> None:
@@ -299,6 +337,7 @@ class Publisher:
                     self._recording_failed(self._recorder, exc)
             self._pub.close()
             self._router.close()
+            self._close_guard()
 
     def _send_until_stopped(self) -> None:
         """Send what is queued, serve snapshots on their schedule, beat; after close(), drain until
@@ -335,8 +374,9 @@ class Publisher:
                     self._recording_failed(self._recorder, exc)
             timeout_ms = 0 if queue else min(_IDLE_POLL_MS, max(0, int((next_heartbeat - now) * 1000)))
 
-    def _emit(self, msg_type: str, step: int | None, ts: float, body: dict[str, Any]) -> None:
-        """Number, encode once, send, record and remember one message."""
+    def _emit(self, msg_type: str, step: int | None, ts: float, body: dict[str, Any]) -> bool:
+        """Number, encode once, send, record and remember one message; False if it could not be
+        encoded (it is then counted as dropped and not numbered)."""
         if step is not None and (self._last_step is None or step > self._last_step):
             self._last_step = step
         try:
@@ -350,7 +390,7 @@ class Publisher:
             # say so once per kind of mistake, keep the stream going.
             self._send_dropped += 1
             self._warn_once(msg_type, exc)
-            return
+            return False
         self._seq += 1
         try:
             self._pub.send(frame, zmq.NOBLOCK)
@@ -365,10 +405,54 @@ class Publisher:
             except OSError as exc:
                 self._recording_failed(self._recorder, exc)
         self._history.add(message, frame)
+        return True
 
     def _emit_heartbeat(self) -> None:
-        body = {"snapshot": self._snapshot_endpoint, "stats": self.stats()}
+        self._count_refusals()
+        body: dict[str, Any] = {"snapshot": self._snapshot_endpoint, "stats": self.stats()}
+        extra = self._heartbeat_fields()
+        if extra:
+            if self._emit("heartbeat", self._last_step, time.time(), {**body, **extra}):
+                return
+            self._extra_failed(ValueError("its fields do not fit a heartbeat"))
+            body["stats"] = self.stats()  # the refused heartbeat is counted as dropped
         self._emit("heartbeat", self._last_step, time.time(), body)
+
+    def _count_refusals(self) -> None:
+        """Peers the CURVE handshake refused since the last heartbeat: counted, and said once."""
+        for monitor in self._refusals:
+            while True:
+                try:
+                    event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if not self._refused:
+                    text = refusal(event["event"], event["endpoint"].decode(), serving=True)
+                    log.warning("tuimon: %s", text)
+                self._refused += 1
+
+    def _close_guard(self) -> None:
+        for monitor in self._refusals:
+            monitor.close(linger=0)
+        if self._guard is not None:
+            self._guard.stop()
+
+    def _heartbeat_fields(self) -> dict[str, Any]:
+        """The ``heartbeat_extra`` fields, without any the heartbeat sets itself; {} if it fails."""
+        if self._heartbeat_extra is None:
+            return {}
+        try:
+            extra = self._heartbeat_extra()
+            return {key: value for key, value in extra.items() if key not in _HEARTBEAT_OWN}
+        except Exception as exc:
+            self._extra_failed(exc)
+            return {}
+
+    def _extra_failed(self, exc: Exception) -> None:
+        self._extra_failures += 1
+        if self._extra_failures == 1:
+            log.warning("tuimon: heartbeat_extra failed (%s: %s); heartbeats go without its fields, "
+                        "further failures are only counted", type(exc).__name__, exc)
 
     def _serve_snapshots(self) -> None:
         """Answer pending snapshot requests with the history (the "clone" pattern, docs/protocol.md),

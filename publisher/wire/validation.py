@@ -218,9 +218,33 @@ def _invariant(message: Mapping[str, Any]) -> None:
     _object(message, "details")
 
 
+#: Entries in a heartbeat's ``stack`` (the training thread's Python stack while it is stalled, one
+#: "file:line function" each, innermost last) and characters in one entry. Publishers send fewer
+#: and shorter ones (:mod:`publisher.collect.stacks`); the frame's 16 KiB bound holds in any case.
+MAX_STACK_FRAMES = 64
+MAX_STACK_ENTRY_CHARS = 512
+
+
 def _heartbeat(message: Mapping[str, Any]) -> None:
     _string(message, "snapshot", MAX_NAME_CHARS, required=False)
     _object(message, "stats")
+    stalled = message.get("stalled_s")
+    if stalled is not None and (
+        isinstance(stalled, bool) or not isinstance(stalled, int | float) or not 0 <= stalled < math.inf
+    ):
+        raise _error("field 'stalled_s' must be a finite number of seconds, not negative")
+    stack = message.get("stack")
+    if stack is not None:
+        if not isinstance(stack, list) or not all(isinstance(item, str) for item in stack[:MAX_STACK_FRAMES]):
+            raise _error("field 'stack' must be a list of strings")
+        if len(stack) > MAX_STACK_FRAMES or any(len(entry) > MAX_STACK_ENTRY_CHARS for entry in stack):
+            raise _error(
+                f"field 'stack' must hold at most {MAX_STACK_FRAMES} entries of at most "
+                f"{MAX_STACK_ENTRY_CHARS} characters", "too large",
+            )
+    in_collective = message.get("in_collective")
+    if in_collective is not None and not isinstance(in_collective, bool):
+        raise _error("field 'in_collective' must be true, false or null")
 
 
 def _relay(message: Mapping[str, Any]) -> None:

@@ -44,19 +44,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"the root relay's address, as given to its --listen (default for a node relay: ${ENV_RELAY})",
     )
     parser.add_argument(
-        "--from", dest="sources", action="append", default=[], metavar="ADDR",
+        "--from",
+        dest="sources",
+        action="append",
+        default=[],
+        metavar="ADDR",
         help="also forward this publisher or relay (repeatable)",
     )
     parser.add_argument(
-        "--no-registry", action="store_true",
+        "--keys",
+        metavar="FILE",
+        help="the job's CURVE keys (`tuimon keys`; default: $TUIMON_KEYS, else "
+        "~/.config/tuimon/keys/job.key_secret): "
+        "required to listen beyond loopback, used to reach a root beyond loopback",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="listen beyond loopback without CURVE: anyone who can reach the port reads every run",
+    )
+    parser.add_argument(
+        "--no-registry",
+        action="store_true",
         help="do not look for this node's runs in the run registry (the default for a root)",
     )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from publisher.wire.curve import beyond_loopback, insecure_allowed, load_keys
     from publisher.wire.registry import runtime_dir
-    from publisher.wire.transport import loopback_only
     from tuimon.errors import UserError
     from tuimon.relay.forwarder import Relay
     from tuimon.sources.live import parse_endpoint
@@ -73,16 +90,35 @@ def run(args: argparse.Namespace) -> int:
         registry = runtime_dir() if scan else None
     except PermissionError as exc:
         raise UserError(str(exc)) from None
-    relay = Relay(listen=listen, sources=[parse_endpoint(source) for source in args.sources],
-                  upstream=upstream, root=args.root, registry_dir=registry)
-    if not loopback_only(relay.listen):
-        print(f"tuimon relay: warning: {relay.listen} is reachable from other machines; anyone who can reach "
-              "it can read every run forwarded here (metrics, events, config, argv); nothing is encrypted "
-              "or authenticated yet", file=sys.stderr)
+    try:
+        keys = load_keys(args.keys)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    insecure = args.insecure or insecure_allowed()
+    relay = Relay(
+        listen=listen,
+        sources=[parse_endpoint(source) for source in args.sources],
+        upstream=upstream,
+        root=args.root,
+        registry_dir=registry,
+        keys=keys,
+        explicit_keys=args.keys is not None,
+        insecure=insecure,
+    )
+    if insecure and beyond_loopback(relay.listen):
+        print(
+            f"tuimon relay: warning: {relay.listen} is reachable from other machines without CURVE "
+            "(--insecure): "
+            "anyone who can reach it reads every run forwarded here (metrics, events, config, argv)",
+            file=sys.stderr,
+        )
     where = f"; node relays send to {relay.intake}" if relay.intake else ""
     to = f", forwarding to the root at {upstream}" if upstream else ""
-    print(f"tuimon relay ({relay.name}): viewers connect to {relay.listen}{where}{to}",
-          file=sys.stderr, flush=True)
+    print(
+        f"tuimon relay ({relay.name}): viewers connect to {relay.listen}{where}{to}",
+        file=sys.stderr,
+        flush=True,
+    )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda *_: stop.set())

@@ -54,6 +54,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "starts the node relay that forwards to it (default: $TUIMON_RELAY)",
     )
     parser.add_argument(
+        "--keys",
+        metavar="FILE",
+        help="the job's CURVE keys (`tuimon keys`), for an --endpoint or a --relay beyond loopback "
+        "(passed on as $TUIMON_KEYS)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow an --endpoint beyond loopback without CURVE (anyone who can reach it reads the run)",
+    )
+    parser.add_argument(
         "--repeated-batches",
         action="store_true",
         help="the program repeats batches on purpose (an overfit-one-batch check): not reported",
@@ -133,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
         run=args.run or _default_run_name(command), record=record, endpoint=args.endpoint, gpu=args.gpu,
         repeated_batches=args.repeated_batches,
     )
+    if args.keys:
+        env["TUIMON_KEYS"] = str(Path(args.keys).expanduser().resolve())
+    if args.insecure:
+        env["TUIMON_INSECURE"] = "1"
     relay = _start_node_relay(args.relay or os.environ.get("TUIMON_RELAY"), env)
     child = subprocess.Popen(command, env=env)
     previous = {

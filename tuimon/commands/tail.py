@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
+from tuimon.commands._options import add_keys_option, keys_from
+
 if TYPE_CHECKING:
     from publisher.wire.protocol import ProtocolError
     from tuimon.sources.receiver import MessageSink
@@ -63,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="stop after this many seconds (default: run until interrupted)",
     )
+    add_keys_option(parser)
     parser.set_defaults(handler=run)
 
 
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     # A bad address or an unusable registry folder fails here, as one line, before any socket.
     endpoints, registry_dir = listen_targets([] if args.address is None else [args.address])
+    keys, explicit = keys_from(args)
     stop = threading.Event()
     printer = LinePrinter(sys.stdout.buffer, sys.stderr, on_closed=stop.set)
     # Ctrl-C and SIGTERM end the command like --for does: sockets closed, summary printed, exit 0.
@@ -93,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     timer = threading.Timer(args.duration, stop.set) if args.duration is not None else None
     context = zmq.Context()
     try:
-        receiver = Receiver(printer, context, endpoints=endpoints, registry_dir=registry_dir)
+        receiver = Receiver(printer, context, endpoints=endpoints, registry_dir=registry_dir, keys=keys,
+                            explicit_keys=explicit)
         if timer is not None:
             timer.daemon = True
             timer.start()

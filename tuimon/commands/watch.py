@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuimon.commands._options import add_dashboard_options
+from tuimon.commands._options import add_dashboard_options, add_keys_option, keys_from
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--run", metavar="NAME", help="show only this run")
     add_dashboard_options(parser)
+    add_keys_option(parser)
     parser.set_defaults(handler=run)
 
 
@@ -30,5 +31,6 @@ def run(args: argparse.Namespace) -> int:
     from tuimon.ui.terminal import run_dashboard
 
     # Bad endpoints and an unusable registry folder fail here, before the screen opens.
-    source = LiveSource(args.endpoints, run=args.run)
+    keys, explicit = keys_from(args)
+    source = LiveSource(args.endpoints, run=args.run, keys=keys, explicit_keys=explicit)
     return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import struct
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,13 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from publisher.wire.curve import HANDSHAKE_FAILURES, Guard, JobKeys, client_keys, refusal, server_keys
 from publisher.wire.hostname import host_name
 from publisher.wire.protocol import encode_fitted, make_message
 from publisher.wire.registry import RegistryEntry, live_entries
 from tuimon.errors import UserError
 from tuimon.relay.addresses import ingest_address
 from tuimon.relay.analysis import Analysis
+from tuimon.relay.proxy import Proxy
 
 log = logging.getLogger(__name__)
 
@@ -55,36 +58,6 @@ _ids = itertools.count()
 
 
 @dataclass
-class RelayCounters:
-    """What the proxy moved, summed over its restarts: messages and bytes in (from publishers or
-    node relays) and out (to viewers and upstream)."""
-
-    messages_in: int = 0
-    bytes_in: int = 0
-    messages_out: int = 0
-    bytes_out: int = 0
-    restarts: int = 0
-
-    def add(self, frames: list[bytes]) -> None:
-        """Add one STATISTICS reply: eight unsigned 64-bit counters (frontend in/out, backend
-        in/out, each messages then bytes), in the machine's byte order (zmq_proxy_steerable(3))."""
-        values = [struct.unpack("=Q", frame)[0] for frame in frames]
-        self.messages_in += values[0]
-        self.bytes_in += values[1]
-        self.messages_out += values[6]
-        self.bytes_out += values[7]
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "in": self.messages_in,
-            "in_bytes": self.bytes_in,
-            "out": self.messages_out,
-            "out_bytes": self.bytes_out,
-            "restarts": self.restarts,
-        }
-
-
-@dataclass
 class _Sources:
     """Publisher addresses the XSUB is connected to, and the registry entries they came from."""
 
@@ -97,7 +70,12 @@ class _Sources:
 
 class Relay:
     """One relay's sockets (bound and connected at construction, so a bad address fails at once)
-    and its proxy thread. :meth:`serve` runs until its ``stop`` event is set."""
+    and its proxies. :meth:`serve` runs until its ``stop`` event is set.
+
+    ``keys`` (:mod:`publisher.wire.curve`): a socket bound beyond loopback serves CURVE with them
+    (and cannot be bound without them unless ``insecure``); the link to the root joins with them
+    when the root is beyond loopback or ``explicit_keys``.
+    """
 
     def __init__(
         self,
@@ -109,6 +87,9 @@ class Relay:
         registry_dir: Path | None = None,
         host: str | None = None,
         heartbeat_s: float = 1.0,
+        keys: JobKeys | None = None,
+        explicit_keys: bool = False,
+        insecure: bool = False,
     ) -> None:
         self.root = root
         self.upstream = upstream
@@ -118,50 +99,78 @@ class Relay:
         except ValueError as exc:  # a bad $TUIMON_HOST
             raise UserError(str(exc)) from None
         self.heartbeat_s = heartbeat_s
-        self.counters = RelayCounters()
         self._sources = _Sources(list(sources))
         self._seq = 0
-        self._thread: threading.Thread | None = None
+        self._guard: Guard | None = None
+        self._proxies: list[Proxy] = []  # the local proxy, then the uplink's when there is one
+        self._watched: list[zmq.Socket] = []  # monitors of the sockets serving CURVE
+        self.refused = 0
+        self._refusal_said_at = -math.inf
         # A node relay summarises its ranks; the top of the tree (nobody above) judges the job.
         self.analysis = Analysis(self.name, self.host, summarize=not root, watch=upstream is None)
         self._context = zmq.Context()
         try:
-            self._wire(listen)
+            self._wire(listen, keys, explicit_keys, insecure)
         except BaseException:
-            self._context.destroy(linger=0)
+            self._close()
             raise
 
-    def _wire(self, listen: str) -> None:
-        context = self._context
-        self._xsub = context.socket(zmq.XSUB)
-        self._xsub.rcvhwm = QUEUE_FRAMES
-        self._xsub.linger = 0
-        self._xpub = context.socket(zmq.XPUB)
-        self._xpub.sndhwm = QUEUE_FRAMES
-        self._xpub.linger = 0
-        self.listen = _bind(self._xpub, listen, "viewers")
-        self.intake = _bind(self._xsub, ingest_address(self.listen), "node relays") if self.root else None
-        if self.upstream is not None:
-            self._xpub.connect(ingest_address(self.upstream))
-        side = f"inproc://tuimon-relay-side-{next(_ids)}"
-        self._xpub.bind(side)
-        self._side = context.socket(zmq.SUB)  # what the analysis reads, on this (the main) thread
-        self._side.rcvhwm = QUEUE_FRAMES
-        self._side.linger = 0
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._context.socket(kind)
+        sock.linger = 0
+        if kind in (zmq.XSUB, zmq.SUB):
+            sock.rcvhwm = QUEUE_FRAMES
+        else:
+            sock.sndhwm = QUEUE_FRAMES
+        return sock
+
+    def _serving(
+        self, sock: zmq.Socket, address: str, keys: JobKeys | None, insecure: bool, what: str
+    ) -> str:
+        """Bind ``sock`` for ``what``, as a CURVE server when the address reaches other machines."""
+        try:
+            serve = server_keys(address, keys, insecure=insecure, what=f"a relay listening for {what}")
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if serve is not None:
+            if self._guard is None:
+                self._guard = Guard(self._context, serve)
+            serve.serve(sock)
+            self._watched.append(sock.get_monitor_socket(HANDSHAKE_FAILURES))
+        return _bind(sock, address, what)
+
+    def _wire(self, listen: str, keys: JobKeys | None, explicit_keys: bool, insecure: bool) -> None:
+        self._xsub, self._xpub = self._socket(zmq.XSUB), self._socket(zmq.XPUB)
+        self.listen = self._serving(self._xpub, listen, keys, insecure, "viewers")
+        self.intake = (
+            self._serving(self._xsub, ingest_address(self.listen), keys, insecure, "node relays")
+            if self.root
+            else None
+        )
+        local = f"inproc://tuimon-relay-local-{next(_ids)}"
+        self._xpub.bind(local)  # the side subscription and the uplink read the stream here
+        self._side = self._socket(zmq.SUB)  # what the analysis reads, on this (the main) thread
         for topic in self.analysis.topics():
             self._side.subscribe(topic)
-        self._side.connect(side)
-        own = f"inproc://tuimon-relay-{next(_ids)}"
-        self._own = context.socket(zmq.PUB)  # the relay's own messages join the stream it forwards
+        self._side.connect(local)
+        if self.upstream is not None:
+            # Its own proxy: CURVE is a property of a socket, and the root link may need it while
+            # the node's own viewers connect in plain on loopback.
+            up_in, up_out = self._socket(zmq.XSUB), self._socket(zmq.XPUB)
+            up_in.connect(local)
+            joining = client_keys(self.upstream, keys, explicit=explicit_keys)
+            if joining is not None:
+                joining.join(up_out)
+            up_out.connect(ingest_address(self.upstream))
+            self._proxies.append(Proxy(self._context, up_in, up_out, "uplink"))
+        own = f"inproc://tuimon-relay-own-{next(_ids)}"
+        self._own = self._socket(zmq.PUB)  # the relay's own messages join the stream it forwards
         self._own.bind(own)
         self._xsub.connect(own)
         for address in self._sources.given:
             self._xsub.connect(address)
-        control = f"inproc://tuimon-relay-control-{next(_ids)}"
-        self._control = context.socket(zmq.PAIR)
-        self._control.bind(control)
-        self._proxy_control = context.socket(zmq.PAIR)
-        self._proxy_control.connect(control)
+        self._local = Proxy(self._context, self._xsub, self._xpub, "proxy")
+        self._proxies.insert(0, self._local)
 
     @property
     def name(self) -> str:
@@ -172,7 +181,8 @@ class Relay:
     def serve(self, stop: threading.Event) -> None:
         """Forward until ``stop`` is set; meanwhile read the side socket for the analysis, send what
         it makes, scan for publishers and beat."""
-        self._start_proxy()
+        for proxy in self._proxies:
+            proxy.start()
         next_scan = next_beat = 0.0
         try:
             while not stop.is_set():
@@ -187,52 +197,48 @@ class Relay:
                     self._send(msg_type, run, rank, host, step, body)
                 if self._side.poll(_TICK_MS):
                     self.analysis.feed(_drain(self._side), time.monotonic())
+                self._read_refusals()
         finally:
-            self._stop_proxy()
-            self._context.destroy(linger=0)
+            self._close()
 
-    def _start_proxy(self) -> None:
-        self._thread = threading.Thread(target=self._proxy, name="tuimon-relay-proxy", daemon=True)
-        self._thread.start()
+    def _close(self) -> None:
+        for proxy in self._proxies:
+            proxy.stop()
+        if self._guard is not None:
+            self._guard.stop()
+        self._context.destroy(linger=0)
 
-    def _proxy(self) -> None:
-        with contextlib.suppress(zmq.ContextTerminated):
-            zmq.proxy_steerable(self._xsub, self._xpub, None, self._proxy_control)
-
-    def _command(self, command: bytes) -> list[bytes]:
-        """A command to the running proxy and its reply (libzmq answers every command)."""
-        self._control.send(command)
-        if not self._control.poll(2_000):
-            raise RuntimeError(f"the relay's proxy did not answer {command.decode()}")
-        return self._control.recv_multipart()
+    def _read_refusals(self) -> None:
+        """Count peers refused by CURVE, and say so (at most every 10 s: a refused peer retries)."""
+        for monitor in self._watched:
+            for raw in _drain(monitor, multipart=True):
+                event = parse_monitor_message(raw)
+                self.refused += 1
+                now = time.monotonic()
+                if now - self._refusal_said_at >= 10.0:
+                    self._refusal_said_at = now
+                    log.warning(
+                        "tuimon relay: %s", refusal(event["event"], event["endpoint"].decode(), serving=True)
+                    )
 
     def statistics(self) -> dict[str, int]:
-        """The counters so far (the running proxy's added to those of its earlier runs)."""
-        now = RelayCounters(**vars(self.counters))
-        if self._thread is not None and self._thread.is_alive():
-            now.add(self._command(b"STATISTICS"))
-        return now.as_dict()
-
-    def _stop_proxy(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            return
-        with contextlib.suppress(RuntimeError):
-            self.counters.add(self._command(b"STATISTICS"))
-            self._command(b"TERMINATE")
-        self._thread.join(timeout=2.0)
-        self._thread = None
+        """The forwarding counters so far: messages and bytes in and out, restarts."""
+        return self._local.statistics()
 
     def _rescan(self) -> None:
         """Connect to publishers that appeared in the registry, drop those that went away."""
         entries = {entry.pub: entry for entry in live_entries(self.registry_dir)}
         new = [address for address in entries if address not in self._sources.found]
         gone = [address for address in self._sources.found if address not in entries]
-        if not new and not gone:
-            return
-        self._stop_proxy()  # the XSUB is the proxy thread's while it runs
+        if new or gone:
+            self._local.rewire(lambda xsub: self._reconnect(xsub, entries, new, gone))
+
+    def _reconnect(
+        self, xsub: zmq.Socket, entries: dict[str, RegistryEntry], new: list[str], gone: list[str]
+    ) -> None:
         for address in new:
             try:
-                self._xsub.connect(address)
+                xsub.connect(address)
             except zmq.ZMQError as exc:
                 log.warning("tuimon relay: cannot connect to %s (%s)", address, exc)
                 continue
@@ -240,9 +246,7 @@ class Relay:
         for address in gone:
             del self._sources.found[address]
             with contextlib.suppress(zmq.ZMQError):  # ZeroMQ may have dropped it already
-                self._xsub.disconnect(address)
-        self.counters.restarts += 1
-        self._start_proxy()
+                xsub.disconnect(address)
 
     def _beat(self) -> None:
         found = list(self._sources.found.values())
@@ -258,7 +262,11 @@ class Relay:
                 "upstream": self.upstream,
                 "publishers": len(self._sources.addresses()),
                 "ranks": [{"run": e.run, "rank": e.rank, "host": e.host} for e in found[:MAX_LISTED]],
-                "stats": {**self.statistics(), "malformed": sum(self.analysis.malformed.values())},
+                "stats": {
+                    **self.statistics(),
+                    "malformed": sum(self.analysis.malformed.values()),
+                    "refused": self.refused,
+                },
             },
         )
 
@@ -274,11 +282,13 @@ class Relay:
             self._own.send(encode_fitted(message), zmq.NOBLOCK)
 
 
-def _drain(sock: zmq.Socket) -> list[bytes]:
+def _drain(sock: zmq.Socket, *, multipart: bool = False) -> list[Any]:
+    """What ``sock`` holds now: frames, or whole multipart messages."""
+    receive = sock.recv_multipart if multipart else sock.recv
     frames = []
     for _ in range(_DRAIN_FRAMES):
         try:
-            frames.append(sock.recv(zmq.NOBLOCK))
+            frames.append(receive(zmq.NOBLOCK))
         except zmq.Again:
             break
     return frames

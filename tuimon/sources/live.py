@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
+from publisher.wire.curve import JobKeys
 from publisher.wire.registry import runtime_dir
 from tuimon.errors import UserError
 from tuimon.sources.base import Source
@@ -111,11 +112,14 @@ class LiveSource:
         registry_dir: Path | None = None,
         waiting_hint: str = WAITING_HINT,
         clock: Callable[[], float] = time.time,
+        keys: JobKeys | None = None,
+        explicit_keys: bool = False,
     ) -> None:
         self.endpoints, self.registry_dir = listen_targets(endpoints, registry_dir)
         self.run = run
         self.waiting_hint = waiting_hint
         self.store = Store(clock)
+        self._keys, self._explicit_keys = keys, explicit_keys
         #: What the receiver subscribes to: everything, or through a relay the job's topics.
         self.subscriptions = Subscriptions()
         self._stop = threading.Event()
@@ -154,6 +158,8 @@ class LiveSource:
                 run=self.run,
                 waiting_hint=self.waiting_hint,
                 subscriptions=self.subscriptions,
+                keys=self._keys,
+                explicit_keys=self._explicit_keys,
             )
             receiver.run(self._stop)
         finally:

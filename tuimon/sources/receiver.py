@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from publisher.wire.curve import HANDSHAKE_FAILURES, JobKeys, client_keys, refusal
 from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode, numbered_by_sender
 from publisher.wire.registry import live_entries
 from tuimon.sources.subscriptions import Subscriptions
@@ -139,8 +140,11 @@ class Receiver:
         run: str | None = None,
         waiting_hint: str = WAITING_HINT,
         subscriptions: Subscriptions | None = None,
+        keys: JobKeys | None = None,
+        explicit_keys: bool = False,
     ) -> None:
         self.sink = sink
+        self.keys, self.explicit_keys = keys, explicit_keys
         self.context = context
         self.wanted_run = run
         self.registry_dir = registry_dir
@@ -153,7 +157,7 @@ class Receiver:
         self.topics = {b""}
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.monitor = self.sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | HANDSHAKE_FAILURES
         )
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
@@ -172,6 +176,11 @@ class Receiver:
         when an explicit endpoint cannot even be connected to (e.g. an ipc path that is too long);
         everything after that is reported as a notice and survived."""
         try:
+            # CURVE is a property of the socket: it joins with the job's keys when any address
+            # needs them (beyond loopback, or keys named explicitly).
+            joining = [keys for endpoint in self.endpoints if (keys := self.joining_keys(endpoint))]
+            if joining:
+                joining[0].join(self.sub)
             for endpoint in self.endpoints:
                 self.sub.connect(endpoint)
             while not stop.is_set():
@@ -186,6 +195,9 @@ class Receiver:
             self.sub.disable_monitor()
             self.monitor.close(linger=0)
             self.sub.close(linger=0)
+
+    def joining_keys(self, endpoint: str) -> JobKeys | None:
+        return client_keys(endpoint, self.keys, explicit=self.explicit_keys)
 
     def step(self) -> None:
         now = time.monotonic()
@@ -263,6 +275,19 @@ class Receiver:
         for topic in self.topics - wanted:
             self.sub.unsubscribe(topic)
         self.topics = wanted
+        if self.subscriptions.job:
+            self.stop_joining_unfocused()
+
+    def stop_joining_unfocused(self) -> None:
+        """Through a relay, ranks out of focus are not joined by snapshot: what waited for one is
+        applied as a filtered stream (its ``seq`` jumps are the filter's, not losses)."""
+        for key, sender in self.senders.items():
+            if sender.live or self.subscriptions.focused(*key):
+                continue
+            self.close_dealer(sender)
+            self.sink.apply_batch(sender.buffer, received=0, complete=False)
+            sender.buffer = []
+            sender.live = True
 
     def new_sender(self, key: tuple[str, int], first: dict[str, Any]) -> _Sender:
         """A sender heard for the first time: live at once if we saw its start, else snapshot first."""
@@ -281,6 +306,8 @@ class Receiver:
         sender.requested_at = time.monotonic()
         dealer = self.context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        if keys := self.joining_keys(address):
+            keys.join(dealer)
         try:
             dealer.connect(address)
             dealer.send(SNAPSHOT_REQUEST, zmq.NOBLOCK)
@@ -374,7 +401,12 @@ class Receiver:
                 event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            state = self.endpoints.get(event["endpoint"].decode(errors="replace"))
+            endpoint = event["endpoint"].decode(errors="replace")
+            if event["event"] & HANDSHAKE_FAILURES:
+                self.sink.set_notice(f"refused:{endpoint}", refusal(event["event"], endpoint, serving=False),
+                                     ttl_s=10.0)
+                continue
+            state = self.endpoints.get(endpoint)
             if state is None:
                 continue
             connected = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED

@@ -44,12 +44,14 @@ class Subscriptions:
             return self._focus.get(run, 0) == rank
 
     def heard(self, msg_type: str, run: str) -> None:
-        """A message arrived: a relay's beat turns job mode on; a new run gets rank 0 in focus."""
+        """A message arrived: a relay's beat turns job mode on; a new run gets rank 0 in focus
+        (from its first message, so that the switch to job topics keeps every known run's focused
+        stream without a moment unsubscribed)."""
         if msg_type == "relay":
             if not self.job:
                 with self._lock:
                     self.job = self._changed = True
-        elif self.job and run not in self._focus:
+        elif run not in self._focus:
             self.focus(run, 0)
 
     def take_change(self) -> set[bytes] | None:

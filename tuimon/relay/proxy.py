@@ -1,0 +1,110 @@
+"""One ZeroMQ steerable proxy on a thread of its own, that can be paused to rewire its frontend.
+
+``zmq.proxy_steerable`` moves frames between two sockets in C (libzmq's proxy forwards millions of
+messages a second since libzmq PR #3440) and answers commands on a control socket: ``STATISTICS``
+(messages and bytes in and out) and ``TERMINATE``. A socket belongs to one thread at a time
+(ZeroMQ's rule), so connecting the frontend to a new publisher means stopping the proxy, connecting
+from the owning thread, and starting it again; frames wait in the sockets' queues meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+_ids = itertools.count()
+
+
+@dataclass
+class ProxyCounters:
+    """What a proxy moved, summed over its restarts: messages and bytes in (frontend) and out
+    (backend), and how often it was restarted."""
+
+    messages_in: int = 0
+    bytes_in: int = 0
+    messages_out: int = 0
+    bytes_out: int = 0
+    restarts: int = 0
+
+    def add(self, frames: list[bytes]) -> None:
+        """Add one STATISTICS reply: eight unsigned 64-bit counters (frontend in/out, backend
+        in/out, each messages then bytes), in the machine's byte order (zmq_proxy_steerable(3))."""
+        values = [struct.unpack("=Q", frame)[0] for frame in frames]
+        self.messages_in += values[0]
+        self.bytes_in += values[1]
+        self.messages_out += values[6]
+        self.bytes_out += values[7]
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "in": self.messages_in,
+            "in_bytes": self.bytes_in,
+            "out": self.messages_out,
+            "out_bytes": self.bytes_out,
+            "restarts": self.restarts,
+        }
+
+
+class Proxy:
+    """``frontend`` -> ``backend`` on a thread. Commands come from the thread that made it."""
+
+    def __init__(self, context: zmq.Context, frontend: zmq.Socket, backend: zmq.Socket, name: str) -> None:
+        self.frontend = frontend
+        self.backend = backend
+        self.name = name
+        self.counters = ProxyCounters()
+        address = f"inproc://tuimon-proxy-control-{next(_ids)}"
+        self._control = context.socket(zmq.PAIR)
+        self._control.bind(address)
+        self._steered = context.socket(zmq.PAIR)
+        self._steered.connect(address)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._forward, name=f"tuimon-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _forward(self) -> None:
+        with contextlib.suppress(zmq.ContextTerminated):
+            zmq.proxy_steerable(self.frontend, self.backend, None, self._steered)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _command(self, command: bytes) -> list[bytes]:
+        """A command to the running proxy and its reply (libzmq answers every command)."""
+        self._control.send(command)
+        if not self._control.poll(2_000):
+            raise RuntimeError(f"the relay's {self.name} did not answer {command.decode()}")
+        return self._control.recv_multipart()
+
+    def statistics(self) -> dict[str, int]:
+        """The counters so far (the running proxy's added to those of its earlier runs)."""
+        now = ProxyCounters(**vars(self.counters))
+        if self.running:
+            now.add(self._command(b"STATISTICS"))
+        return now.as_dict()
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        with contextlib.suppress(RuntimeError):
+            self.counters.add(self._command(b"STATISTICS"))
+            self._command(b"TERMINATE")
+        assert self._thread is not None
+        self._thread.join(timeout=2.0)
+        self._thread = None
+
+    def rewire(self, change: Callable[[zmq.Socket], None]) -> None:
+        """Stop, let ``change`` connect or disconnect the frontend (from this thread), start again."""
+        self.stop()
+        change(self.frontend)
+        self.counters.restarts += 1
+        self.start()
