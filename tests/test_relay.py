@@ -592,3 +592,79 @@ def test_through_a_relay_the_viewer_takes_summaries_and_one_focused_rank_per_run
             assert last_step(0) <= now_rank_0 + 2, "rank 0 left the focus"
         finally:
             source.stop()
+
+
+def test_two_torchrun_nodes_under_tuimon_run_relay_name_a_diverging_replica_by_rank_and_host(
+    tmp_path: Path, context: zmq.Context
+) -> None:
+    """The issue's real run: two "nodes" on this machine (own runtime folders and host names), each
+    a torchrun group of 2 gloo ranks of one 4-rank job, launched by `tuimon run --relay ROOT`
+    (which starts each node's relay); rank 3, on nodeB, drifts from the other replicas."""
+    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root = subprocess.Popen([*TUIMON, "relay", "--root", "--listen", root_address], stderr=subprocess.DEVNULL)
+    events = Viewer(context, root_address, subscription("event"))
+    beats = Viewer(context, root_address, subscription("heartbeat"))
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    script = Path(__file__).parent / "scripts" / "plain_torchrun_ddp.py"
+    master_port = free_port_pair()
+    nodes = []
+    try:
+        for node_rank, host in enumerate(("nodeA", "nodeB")):
+            env = {**os.environ, "TUIMON_RUNTIME_DIR": str(tmp_path / host), "TUIMON_HOST": host}
+            env.pop("LOCAL_RANK", None)
+            command = [
+                *TUIMON,
+                "run",
+                "--run",
+                "job",
+                "--gpu",
+                "none",
+                "--relay",
+                root_address,
+                "--",
+                torchrun,
+                "--nnodes",
+                "2",
+                "--node_rank",
+                str(node_rank),
+                "--nproc_per_node",
+                "2",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(master_port),
+                str(script),
+                "400",
+                "--diverge-rank",
+                "3",
+                "--diverge-at",
+                "150",
+                "--step-delay",
+                "0.02",
+            ]
+            nodes.append(
+                subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            )
+
+        def diverged() -> dict[str, Any] | None:
+            return next((e for e in events.of("event") if e["kind"] == "replica_divergence"), None)
+
+        def read() -> None:
+            events.read()
+            beats.read()
+            time.sleep(0.05)
+
+        wait_until(
+            lambda: diverged() is not None, timeout_s=150, what="replica_divergence at the root", tick=read
+        )
+        event = diverged()
+        assert event is not None and 3 in event["details"]["ranks"]
+        hosts = {beat["rank"]: beat["host"] for beat in beats.of("heartbeat") if beat["run"] == "job"}
+        assert hosts == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}, "every rank known with its host"
+        for node in nodes:
+            assert node.wait(timeout=120) == 0, node.stderr.read() if node.stderr else ""
+    finally:
+        for process in [*nodes, root]:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=10)
