@@ -668,3 +668,61 @@ def test_two_torchrun_nodes_under_tuimon_run_relay_name_a_diverging_replica_by_r
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=10)
+
+
+def test_a_viewer_joining_a_relay_late_gets_the_jobs_starts_events_and_summaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
+) -> None:
+    """The clone pattern one level up: what happened before the viewer came, kept by the root."""
+    from tuimon.sources.live import LiveSource
+
+    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, _):
+        # Only to see what has passed the root before the late viewer comes.
+        early = Viewer(context, root_address, *(subscription(t) for t in ("event", "summary", "run_start")))
+
+        def train() -> None:
+            for publisher in publishers:
+                publisher.publish("metrics", step=1, metrics={"loss": 1.0})
+            early.read()
+            time.sleep(0.05)
+
+        wait_until(
+            lambda: {m["node"] for m in early.of("summary")} == {"nodeA", "nodeB"},
+            timeout_s=15,
+            what="both nodes' summaries through the root",
+            tick=train,
+        )
+        for publisher in publishers:  # the tree is up: these reach the root once
+            publisher.publish("run_start", config={"lr": 0.1 * (publisher.rank + 1)}, seed=0, world_size=4)
+        publishers[2].publish(
+            "event", step=1, kind="loss_spike", severity="warning", message="early", id="2-early", count=1
+        )
+        wait_until(
+            lambda: len(early.of("run_start")) == 4 and early.of("event"),
+            timeout_s=10,
+            what="the starts and the event through the root",
+            tick=train,
+        )
+        source = LiveSource([root_address])
+        source.start()
+        try:
+            wait_until(
+                lambda: any(e.id == "2-early" for e in source.store.events("job")),
+                timeout_s=10,
+                what="the early event at the late viewer",
+            )
+            view = source.store.run_view("job")
+            assert view is not None and view.run_start is not None and view.world_size == 4
+
+            # Nothing trains any more: the summaries can only come from the root's job state.
+            def nodes() -> set[str]:
+                view = source.store.job_view("job")
+                return {node.name for node in view.nodes} if view else set()
+
+            wait_until(
+                lambda: nodes() == {"nodeA", "nodeB"},
+                timeout_s=5,
+                what="both nodes' summaries from the root's job state",
+            )
+        finally:
+            source.stop()

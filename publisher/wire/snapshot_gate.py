@@ -15,10 +15,15 @@ once (a viewer asks once, then disconnects), so a peer that keeps asking gets no
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 
-from publisher.wire.protocol import PROTOCOL_VERSION, SNAPSHOT_REQUEST
+import zmq
+
+from publisher.wire.protocol import PROTOCOL_VERSION, SNAPSHOT_REQUEST, encode
 
 #: How often the snapshot socket is looked at, and how many frames are read each time: whatever
 #: arrives, the sender thread handles at most 40 frames a second (reading is what lets ZeroMQ
@@ -118,3 +123,44 @@ class SnapshotGate:
         self._remember(peer)
         self.served += 1
         return True
+
+
+def snapshot_socket(context: zmq.Context) -> zmq.Socket:
+    """A ROUTER set up to be served by :func:`serve_requests`: small queues that drop a flood in C,
+    frames over :data:`MAX_REQUEST_BYTES` refused by ZeroMQ, replies that never block."""
+    router = context.socket(zmq.ROUTER)
+    router.sndhwm = SEND_HWM
+    router.router_mandatory = 1  # a reply that cannot be queued raises (caught), never blocks
+    router.rcvhwm = RECEIVE_HWM
+    router.maxmsgsize = MAX_REQUEST_BYTES
+    router.linger = 0
+    return router
+
+
+def serve_requests(
+    router: zmq.Socket, gate: SnapshotGate, content: Callable[[], tuple[list[bytes], int]]
+) -> None:
+    """Answer the snapshot requests waiting on ``router`` (at most :data:`FRAMES_PER_SERVE`) within
+    ``gate``'s limits; ``content()`` gives the reply's frames and the last ``seq`` they include
+    (the "clone" pattern, docs/protocol.md). Call it every :data:`SERVE_INTERVAL_S`."""
+    for _ in range(FRAMES_PER_SERVE):
+        try:
+            frames = router.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        # Everything before the request is the routing envelope (a DEALER's identity, plus an
+        # empty delimiter from a REQ client, plus one identity per proxy hop): echo it back.
+        envelope, request = frames[:-1], frames[-1]
+        if not envelope or not is_snapshot_request(request):
+            gate.bad += 1
+            continue
+        now = time.monotonic()
+        if not gate.admit(envelope[0], now):
+            continue
+        reply, last_seq = content()
+        if not gate.charge(envelope[0], now, sum(map(len, reply))):
+            continue
+        header = encode({"v": PROTOCOL_VERSION, "type": "snapshot", "seq": last_seq, "count": len(reply)})
+        # A viewer that left, or does not read, misses its reply (ZeroMQ refuses to queue it).
+        with contextlib.suppress(zmq.ZMQError):
+            router.send_multipart([*envelope, header, *reply], zmq.NOBLOCK)

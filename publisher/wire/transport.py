@@ -52,9 +52,7 @@ from publisher.wire.hostname import host_name, machine_name
 from publisher.wire.protocol import (
     ENVELOPE_FIELDS,
     MESSAGE_TYPES,
-    PROTOCOL_VERSION,
     RUN_END_STATUSES,
-    encode,
     encode_fitted,
     make_message,
 )
@@ -202,12 +200,7 @@ class Publisher:
         pub = self._context.socket(zmq.PUB)
         pub.sndhwm = hwm
         pub.linger = _LINGER_MS
-        router = self._context.socket(zmq.ROUTER)
-        router.sndhwm = snapshot_gate.SEND_HWM
-        router.router_mandatory = 1  # a reply that cannot be queued raises (caught), never blocks
-        router.rcvhwm = snapshot_gate.RECEIVE_HWM
-        router.maxmsgsize = snapshot_gate.MAX_REQUEST_BYTES
-        router.linger = 0
+        router = snapshot_gate.snapshot_socket(self._context)
         if "[" in endpoint:  # an IPv6 literal such as tcp://[::1]:*
             pub.ipv6 = router.ipv6 = True
         insecure = insecure_allowed() if self._insecure is None else self._insecure
@@ -455,31 +448,9 @@ class Publisher:
                         "further failures are only counted", type(exc).__name__, exc)
 
     def _serve_snapshots(self) -> None:
-        """Answer pending snapshot requests with the history (the "clone" pattern, docs/protocol.md),
-        within the gate's limits (:mod:`publisher.wire.snapshot_gate`)."""
-        gate = self._gate
-        for _ in range(snapshot_gate.FRAMES_PER_SERVE):
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            # Everything before the request is the routing envelope (a DEALER's identity, plus an
-            # empty delimiter from a REQ client, plus one identity per proxy hop): echo it back.
-            envelope, request = frames[:-1], frames[-1]
-            if not envelope or not snapshot_gate.is_snapshot_request(request):
-                gate.bad += 1
-                continue
-            now = time.monotonic()
-            if not gate.admit(envelope[0], now):
-                continue
-            content = self._history.frames()
-            if not gate.charge(envelope[0], now, sum(map(len, content))):
-                continue
-            state = {"seq": self._history.last_seq, "count": len(content)}
-            header = encode({"v": PROTOCOL_VERSION, "type": "snapshot", **state})
-            # A viewer that left, or does not read, misses its reply (ZeroMQ refuses to queue it).
-            with contextlib.suppress(zmq.ZMQError):
-                self._router.send_multipart([*envelope, header, *content], zmq.NOBLOCK)
+        """Answer pending snapshot requests with the history, within the gate's limits."""
+        history = self._history
+        snapshot_gate.serve_requests(self._router, self._gate, lambda: (history.frames(), history.last_seq))
 
     def _recording_failed(self, recorder: Recorder, exc: OSError) -> None:
         """A failing disk ends the recording, not the run: the live stream carries on."""

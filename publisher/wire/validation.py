@@ -250,6 +250,7 @@ def _heartbeat(message: Mapping[str, Any]) -> None:
 def _relay(message: Mapping[str, Any]) -> None:
     _choice(message, "role", ("root", "node"))
     _string(message, "listen", MAX_NAME_CHARS)
+    _string(message, "snapshot", MAX_NAME_CHARS, required=False)
     _string(message, "upstream", MAX_NAME_CHARS, required=False)
     _integer(message, "publishers")
     ranks = message.get("ranks")

@@ -4,7 +4,8 @@ A side SUB socket on the relay's own XPUB receives only the types it needs (Zero
 rest before Python sees them): a node relay reads its ranks' ``metrics`` and ``gpu`` to make the
 node's summaries (:mod:`tuimon.relay.summary`); the relay at the top of the tree (the root, or a
 node relay with nobody above it) reads heartbeats, summaries and relay beats to judge the job
-(:mod:`tuimon.relay.watch`). Everything it produces goes back into the stream as ordinary
+(:mod:`tuimon.relay.watch`); every relay keeps the job's state for viewers that join late
+(:mod:`tuimon.relay.history`). Everything it produces goes back into the stream as ordinary
 messages, so viewers, ``tuimon tail`` and the root see them like any other.
 
 A frame that does not decode is counted by reason (the relay's heartbeat reports it) and skipped.
@@ -19,6 +20,7 @@ from typing import Any
 
 from publisher.wire.protocol import ProtocolError, decode
 from publisher.wire.topics import subscription
+from tuimon.relay.history import KEPT_TYPES, JobHistory
 from tuimon.relay.summary import DEFAULT_PERIOD_S, NodeSummarizer
 from tuimon.relay.watch import JobWatch
 
@@ -45,6 +47,7 @@ class Analysis:
         self.host = host
         self.summarizer = NodeSummarizer(host) if summarize else None
         self.watch = JobWatch() if watch else None
+        self.history = JobHistory()  # for viewers that join late, at every relay
         self.malformed: Counter[str] = Counter()
         self._next_summary = 0.0
         self._episodes: dict[tuple[str, str, object], _Episode] = {}
@@ -52,7 +55,7 @@ class Analysis:
 
     def topics(self) -> list[bytes]:
         """What the side socket subscribes to."""
-        wanted = set()
+        wanted = set(KEPT_TYPES)
         if self.summarizer is not None:
             wanted |= {"metrics", "gpu", "run_end"}
         if self.watch is not None:
@@ -66,6 +69,7 @@ class Analysis:
             except ProtocolError as exc:
                 self.malformed[exc.reason] += 1
                 continue
+            self.history.keep(frame, message)
             if message.get("by") == self.name:
                 continue  # our own findings, come back through the proxy
             if self.summarizer is not None and message["type"] in ("metrics", "gpu", "run_end"):

@@ -33,6 +33,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from publisher.wire import snapshot_gate
 from publisher.wire.curve import HANDSHAKE_FAILURES, Guard, JobKeys, client_keys, refusal, server_keys
 from publisher.wire.hostname import host_name
 from publisher.wire.protocol import encode_fitted, make_message
@@ -163,6 +164,12 @@ class Relay:
                 joining.join(up_out)
             up_out.connect(ingest_address(self.upstream))
             self._proxies.append(Proxy(self._context, up_in, up_out, "uplink"))
+        # Late joiners ask here for the job's state (its address is in every beat).
+        self._snapshots = snapshot_gate.snapshot_socket(self._context)
+        self._gate = snapshot_gate.SnapshotGate()
+        self.snapshot = self._serving(
+            self._snapshots, _any_port(self.listen), keys, insecure, "snapshot requests"
+        )
         own = f"inproc://tuimon-relay-own-{next(_ids)}"
         self._own = self._socket(zmq.PUB)  # the relay's own messages join the stream it forwards
         self._own.bind(own)
@@ -183,7 +190,7 @@ class Relay:
         it makes, scan for publishers and beat."""
         for proxy in self._proxies:
             proxy.start()
-        next_scan = next_beat = 0.0
+        next_scan = next_beat = next_serve = 0.0
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -198,6 +205,9 @@ class Relay:
                 if self._side.poll(_TICK_MS):
                     self.analysis.feed(_drain(self._side), time.monotonic())
                 self._read_refusals()
+                if now >= next_serve:
+                    snapshot_gate.serve_requests(self._snapshots, self._gate, self._job_state)
+                    next_serve = now + snapshot_gate.SERVE_INTERVAL_S
         finally:
             self._close()
 
@@ -207,6 +217,11 @@ class Relay:
         if self._guard is not None:
             self._guard.stop()
         self._context.destroy(linger=0)
+
+    def _job_state(self) -> tuple[list[bytes], int]:
+        """A late joiner's snapshot: the job's kept frames (their ``seq`` are many senders', so the
+        header's is -1: every live message after it applies)."""
+        return self.analysis.history.frames(), -1
 
     def _read_refusals(self) -> None:
         """Count peers refused by CURVE, and say so (at most every 10 s: a refused peer retries)."""
@@ -259,6 +274,7 @@ class Relay:
             {
                 "role": "root" if self.root else "node",
                 "listen": self.listen,
+                "snapshot": self.snapshot,
                 "upstream": self.upstream,
                 "publishers": len(self._sources.addresses()),
                 "ranks": [{"run": e.run, "rank": e.rank, "host": e.host} for e in found[:MAX_LISTED]],
@@ -280,6 +296,13 @@ class Relay:
         self._seq += 1
         with contextlib.suppress(zmq.Again):  # nobody subscribed: nothing is kept for later
             self._own.send(encode_fitted(message), zmq.NOBLOCK)
+
+
+def _any_port(address: str) -> str:
+    """A free port on the interface of ``address`` (tcp), or a socket beside it (ipc)."""
+    if address.startswith("tcp://"):
+        return address.rpartition(":")[0] + ":*"
+    return address + ".snapshot"
 
 
 def _drain(sock: zmq.Socket, *, multipart: bool = False) -> list[Any]:

@@ -102,6 +102,15 @@ def describe_targets(endpoints: Sequence[str], registry_dir: Path | None) -> str
     return f"the run registry {registry_dir}"
 
 
+def reachable(address: str, connected_to: str) -> str:
+    """``address`` as this receiver can reach it: a relay bound on every interface
+    (``tcp://0.0.0.0:P``) advertises that, so the host it was reached at stands in."""
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    if address.startswith("tcp://") and host in ("0.0.0.0", "*", "[::]") and connected_to.startswith("tcp://"):
+        return f"{connected_to.rpartition(':')[0]}:{port}"
+    return address
+
+
 @dataclass
 class _Sender:
     """Per (run, rank): whether its live messages are applied yet, and what waits meanwhile."""
@@ -163,6 +172,9 @@ class Receiver:
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
         self.senders: dict[tuple[str, int], _Sender] = {}
+        #: The relay asked for the job's state (once, a late joiner through a relay): its DEALER
+        #: and when it was asked; "done" once answered or given up.
+        self.job_state: tuple[zmq.Socket, float] | str | None = None
         self.dealers: dict[zmq.Socket, tuple[str, int]] = {}
         started = time.monotonic()
         self.endpoints = {endpoint: _Endpoint(since=started) for endpoint in endpoints}
@@ -212,6 +224,10 @@ class Receiver:
             self.read_monitor()
         for dealer in [socket for socket in ready if socket in self.dealers]:
             self.read_snapshot(dealer)
+        if isinstance(self.job_state, tuple) and (
+            self.job_state[0] in ready or time.monotonic() - self.job_state[1] > SNAPSHOT_TIMEOUT_S
+        ):
+            self.read_job_state(self.job_state[0])
         now = time.monotonic()
         self.expire_waits(now)
         if now >= self.next_status:
@@ -242,6 +258,8 @@ class Receiver:
             if wanted_run is not None and message["run"] != wanted_run:
                 continue
             self.subscriptions.heard(message["type"], message["run"])
+            if message["type"] == "relay" and self.job_state is None:
+                self.ask_relay_for_the_job(message)
             if not numbered_by_sender(message):  # a relay's: no sender stream to join
                 ready.append(message)
                 continue
@@ -343,6 +361,46 @@ class Receiver:
         self.sink.apply_snapshot(key[0], key[1], messages, seq, then=later, malformed=malformed)
         sender.buffer = []
         sender.live = True
+
+    def ask_relay_for_the_job(self, beat: Mapping[str, Any]) -> None:
+        """A relay's beat: when it is the relay this receiver connected to (or the top of the tree),
+        ask it for the job's state, which a late joiner missed (``tuimon/relay/history.py``)."""
+        address = beat.get("snapshot")
+        ours = beat.get("listen") in self.endpoints or beat.get("upstream") is None
+        if not ours or not isinstance(address, str) or not self.endpoints:
+            return
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        address = reachable(address, next(iter(self.endpoints)))
+        if keys := self.joining_keys(address):
+            keys.join(dealer)
+        try:
+            dealer.connect(address)
+            dealer.send(SNAPSHOT_REQUEST, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            dealer.close(linger=0)
+            self.job_state = "done"
+            return
+        self.poller.register(dealer, zmq.POLLIN)
+        self.job_state = (dealer, time.monotonic())
+
+    def read_job_state(self, dealer: zmq.Socket) -> None:
+        """The relay's answer (or its silence): every message as from a filtered stream."""
+        frames = dealer.recv_multipart(zmq.NOBLOCK) if dealer.poll(0) else []
+        self.poller.unregister(dealer)
+        dealer.close(linger=0)
+        self.job_state = "done"
+        if not frames:
+            self.sink.set_notice("job-state", "the relay did not send the job's state: what happened "
+                                 "before joining is missing", ttl_s=15.0)
+            return
+        messages, malformed = [], []
+        for frame in frames[1:]:
+            try:
+                messages.append(decode(frame))
+            except ProtocolError as exc:
+                malformed.append(exc)
+        self.sink.apply_batch(messages, received=0, malformed=malformed, complete=False)
 
     def close_dealer(self, sender: _Sender) -> None:
         if sender.dealer is not None:

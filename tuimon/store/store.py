@@ -390,6 +390,8 @@ class Store:
         event_id = str(message.get("id") or f"{rank}-{message['seq']}")
         previous = run.events.get(event_id)
         count = message.get("count")
+        if previous is not None and isinstance(count, int) and count < previous.count:
+            return  # an older update of the episode (from a late joiner's snapshot): keep the newer
         details = message.get("details")
         run.events[event_id] = EventRecord(
             id=event_id,
