@@ -726,3 +726,55 @@ def test_a_viewer_joining_a_relay_late_gets_the_jobs_starts_events_and_summaries
             )
         finally:
             source.stop()
+
+
+def test_a_frozen_viewer_slows_neither_the_relays_nor_the_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
+) -> None:
+    """A `tuimon tail` at the root stopped with SIGSTOP (as Ctrl-Z does) while the ranks publish
+    hundreds of messages a second: another viewer keeps every message, nothing is dropped at the
+    publishers, and the frozen one resumes when continued."""
+    import signal
+
+    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, _):
+        out = tmp_path / "frozen.jsonl"
+        with out.open("wb") as sink:
+            frozen = subprocess.Popen([*TUIMON, "tail", root_address], stdout=sink, stderr=subprocess.DEVNULL)
+        watching = Viewer(context, root_address, subscription("metrics", "job", 1))
+        step = 0
+
+        def train() -> None:
+            nonlocal step
+            for _ in range(10):
+                step += 1
+                for publisher in publishers:
+                    publisher.publish("metrics", step=step, metrics={"loss": 1.0, "step_time": 0.01})
+            watching.read()
+            time.sleep(0.02)
+
+        try:
+            wait_until(lambda: watching.of("metrics"), timeout_s=15, what="metrics at the root", tick=train)
+            frozen.send_signal(signal.SIGSTOP)
+            first = step + 1
+            ended = time.monotonic() + 8
+            while time.monotonic() < ended:
+                train()
+            last = step
+            wait_until(
+                lambda: watching.of("metrics")[-1]["step"] == last,
+                timeout_s=10,
+                what="the live viewer caught up",
+                tick=lambda: (watching.read(), time.sleep(0.02)),
+            )
+            seen = [m["step"] for m in watching.of("metrics") if m["step"] >= first]
+            assert seen == list(range(first, last + 1)), "the live viewer lost nothing while another froze"
+            assert all(p.stats()["dropped"] == 0 for p in publishers), "training never waited nor dropped"
+            size = out.stat().st_size
+            frozen.send_signal(signal.SIGCONT)
+            wait_until(
+                lambda: out.stat().st_size > size, timeout_s=10, what="the frozen viewer resumes", tick=train
+            )
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+            frozen.terminate()
+            frozen.wait(timeout=10)
