@@ -6,7 +6,10 @@ The data is fixed, so a snapshot changes only when the look changes:
   on the CPU, four simulated GPUs, a loss spike, a NaN loss, GPU 2 starving, GPU 1 throttling);
 - ``tests/data/kb/*.md``: three exported incidents, imported into a fresh knowledge base at a
   fixed path (the incident screen shows where its knowledge base is), their times moved into the
-  current year (the screen shows the year only for other years) and shown in UTC.
+  current year (the screen shows the year only for other years) and shown in UTC;
+- ``conftest.job_batches``: a job of 512 nodes of 8 GPUs as a viewer at the root relay receives it
+  (node summaries made by the relay's own summarizer, every relay's beat, the root's findings),
+  in a store whose clock is fixed a second after the last message.
 
 The live dashboard reads the same recording from a real ZeroMQ socket, its store's clock fixed
 just after the last message so that "elapsed" and "LIVE" read the same on every run.
@@ -29,7 +32,7 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import wait_for_screen
+from conftest import FedSource, big_job, job_batches, job_store, wait_for_screen
 from textual.pilot import Pilot
 
 from publisher.wire.protocol import encode
@@ -43,6 +46,11 @@ from tuimon.ui.event_detail import EventDetailScreen
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.runbook_checklist import RunbookChecklist
 from tuimon.ui.incidents.screen import IncidentScreen
+from tuimon.ui.job.band import LossBand
+from tuimon.ui.job.grid import JobGrid
+from tuimon.ui.job.node_screen import NodeScreen, NodeTable
+from tuimon.ui.job.problem_list import ProblemList
+from tuimon.ui.job.screen import JobScreen
 from tuimon.ui.themes import THEME_ORDER
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -223,3 +231,64 @@ def test_incident_with_its_runbook(snap_compare: Snap, knowledge_base: Path, siz
         await pilot.pause(0.6)
 
     assert snap_compare(replay_app(kb_dir=knowledge_base), terminal_size=size, run_before=runbook)
+
+
+# ------------------------------------------------------------------------------------ the job view
+
+
+@pytest.fixture
+def job_app(monkeypatch: pytest.MonkeyPatch) -> Callable[..., TuimonApp]:
+    """The app over a job's store (the loss band takes one point a batch: fixed data, fixed chart)."""
+    monkeypatch.setattr("tuimon.store.job.BAND_PERIOD_S", 0.0)
+
+    def make(theme: str = "tuimon-dark", batches: Any = None) -> TuimonApp:
+        return TuimonApp(FedSource(job_store(big_job() if batches is None else batches)), theme=theme)
+
+    return make
+
+
+async def job_view_drawn(pilot: Pilot, problems: int = 4) -> None:
+    """The job view opened by itself, every panel drawn with the store's data."""
+    app = pilot.app
+    await wait_for_screen(pilot, lambda: isinstance(app.screen, JobScreen), what="the job view")
+    screen = app.screen
+    await wait_for_screen(pilot, lambda: screen.query_one(JobGrid).nodes, what="the grid")
+    band = screen.query_one(LossBand)
+    await wait_for_screen(pilot, lambda: "median" in str(band.border_title), what="the band")
+    await wait_for_screen(pilot, lambda: screen.query_one(ProblemList).row_count == problems, what="problems")
+    await pilot.pause(0.6)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+@pytest.mark.parametrize("theme", ["tuimon-dark", "tuimon-contrast"])
+def test_job_view(
+    snap_compare: Snap, job_app: Callable[..., TuimonApp], theme: str, size: tuple[int, int]
+) -> None:
+    """4,096 GPUs: one character each at 160x48, one a node at 80x24; a straggler, a hang, a lost
+    rank marked, one straggler over; the loss band; the cursor on the first node."""
+    assert snap_compare(job_app(theme), terminal_size=size, run_before=job_view_drawn)
+
+
+def test_job_view_of_a_small_job(snap_compare: Snap, job_app: Callable[..., TuimonApp]) -> None:
+    """Two nodes of four GPUs: each node named, its GPUs as wide cells."""
+
+    async def drawn(pilot: Pilot) -> None:
+        await job_view_drawn(pilot, problems=0)
+
+    app = job_app(batches=job_batches(nodes=2, gpus_per_node=4))
+    assert snap_compare(app, terminal_size=(160, 48), run_before=drawn)
+
+
+def test_job_node_view(snap_compare: Snap, job_app: Callable[..., TuimonApp]) -> None:
+    """Node 64 (the straggler's) with its ranks and GPUs, the cursor on the straggler."""
+
+    async def node_64(pilot: Pilot) -> None:
+        await job_view_drawn(pilot)
+        await pilot.press("down", "down", "down", "down", "enter")
+        await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, NodeScreen), what="the node view")
+        table = pilot.app.screen.query_one(NodeTable)
+        await wait_for_screen(pilot, lambda: table.row_count == 8, what="its ranks")
+        await pilot.press(*["down"] * 5)
+        await pilot.pause(0.6)
+
+    assert snap_compare(job_app(), terminal_size=(160, 48), run_before=node_64)

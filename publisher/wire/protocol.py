@@ -36,6 +36,9 @@ MESSAGE_TYPES = frozenset(
 )
 #: Types a relay makes itself: numbered by the relay, not by the rank their envelope names.
 RELAY_TYPES = frozenset({"relay", "summary"})
+#: Seconds between two updates of a relay's finding that lasts (a higher ``count``, same ``id``):
+#: a reader can tell a current finding from one that is over.
+RELAY_REPEAT_S = 5.0
 SEVERITIES = ("info", "warning", "critical")
 INVARIANT_STATUSES = ("ok", "violated", "unchecked")
 RUN_END_STATUSES = ("completed", "failed", "interrupted")

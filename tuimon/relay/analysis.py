@@ -18,14 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from publisher.wire.protocol import ProtocolError, decode
+from publisher.wire.protocol import RELAY_REPEAT_S, ProtocolError, decode
 from publisher.wire.topics import subscription
 from tuimon.relay.history import KEPT_TYPES, JobHistory
 from tuimon.relay.summary import DEFAULT_PERIOD_S, NodeSummarizer
 from tuimon.relay.watch import JobWatch
-
-#: Seconds between two updates of a finding that lasts (its ``count`` grows).
-REPEAT_S = 5.0
 
 #: (type, run, rank, host, step, body) of a message the relay is to send.
 Outgoing = tuple[str, str, int, str, int | None, dict[str, Any]]
@@ -99,9 +96,12 @@ class Analysis:
                 self._episode_ids += 1
                 step = finding.details.get("step", finding.details.get("last_step"))
                 episode = self._episodes[key] = _Episode(
-                    f"{self.name}/{self._episode_ids}", step if isinstance(step, int) else None, 0, -REPEAT_S
+                    f"{self.name}/{self._episode_ids}",
+                    step if isinstance(step, int) else None,
+                    0,
+                    -RELAY_REPEAT_S,
                 )
-            if now - episode.sent_at < REPEAT_S:
+            if now - episode.sent_at < RELAY_REPEAT_S:
                 continue
             episode.count += 1
             episode.sent_at = now

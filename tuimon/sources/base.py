@@ -45,3 +45,12 @@ class ReplayControls(Protocol):
 
     def seek_fraction(self, fraction: float) -> None:
         """Jump to a point of the recording, 0.0 its start, 1.0 its end."""
+
+
+@runtime_checkable
+class RankFocus(Protocol):
+    """A source that can be told which rank's full stream to receive: a live source behind a
+    relay receives every rank's summaries but only one rank's metrics per run
+    (:meth:`~tuimon.sources.live.LiveSource.focus_rank`)."""
+
+    def focus_rank(self, run: str, rank: int) -> None: ...

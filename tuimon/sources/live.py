@@ -21,7 +21,7 @@ import zmq
 from publisher.wire.curve import JobKeys
 from publisher.wire.registry import runtime_dir
 from tuimon.errors import UserError
-from tuimon.sources.base import Source
+from tuimon.sources.base import RankFocus, Source
 from tuimon.sources.receiver import (
     REGISTRY_SCAN_S,
     SILENT_ENDPOINT_S,
@@ -168,4 +168,5 @@ class LiveSource:
 
 if TYPE_CHECKING:  # mypy: a LiveSource is a source the app can show (a missing method fails here),
     _CONFORMS: type[Source] = LiveSource
+    _FOCUSES: type[RankFocus] = LiveSource  # and one the job view can point at a rank
     _SINK: type[MessageSink] = Store  # and the store is a sink a Receiver can fill

@@ -7,6 +7,10 @@ the dashboard), so a fast run costs the terminal, and the SSH link, no more than
 
 Other screens (the incident knowledge base) get what they need through :meth:`TuimonApp.event_context`:
 the selected event, the run and a window of metrics around the event, read from the store.
+
+When the source is a relay (the run has node summaries), the job view (:mod:`tuimon.ui.job`) opens
+once by itself and on ``j``; picking a rank there brings the dashboard back *focused* on it: its
+charts show that rank's series, and a live source is asked for that rank's full stream.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from tuimon.sources.base import ReplayControls, Source
+from tuimon.sources.base import RankFocus, ReplayControls, Source
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
 from tuimon.ui.context import EventContext
 from tuimon.ui.dashboard.charts import MetricChart
@@ -34,6 +38,9 @@ from tuimon.ui.dashboard.status import StatusLine
 from tuimon.ui.event_detail import CONTEXT_STEPS, EventDetailScreen
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.screen import IncidentScreen, key_sections
+from tuimon.ui.job.grid import GridState
+from tuimon.ui.job.screen import JobScreen
+from tuimon.ui.job.screen import key_section as job_key_section
 from tuimon.ui.services.kb_link import KbLink
 from tuimon.ui.themes import DEFAULT_THEME, THEME_ORDER, load_themes
 
@@ -45,7 +52,8 @@ _REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_t
 #: Actions on the dashboard's own panels and source: only while the dashboard is the visible
 #: screen (on a screen pushed over it their keys mean something else there, or nothing).
 _DASHBOARD_ACTIONS = frozenset(
-    {"next_run", "chart", "next_chart", "focus_events", "event_details", "incidents", "open_incident"}
+    {"next_run", "chart", "next_chart", "focus_events", "event_details", "incidents", "open_incident",
+     "job", "all_ranks"}
     | _REPLAY_ACTIONS
 )
 
@@ -82,6 +90,8 @@ class TuimonApp(App[None]):
         Binding("enter", "event_details", "Details", show=False, tooltip="Details of the selected event"),
         Binding("i", "incidents", "Incidents", tooltip="Incident knowledge base for the selected event"),
         Binding("o", "open_incident", "Open incident", tooltip="Open an incident from the selected event"),
+        Binding("j", "job", "Job", tooltip="The job view: every GPU of every node (the source is a relay)"),
+        Binding("escape", "all_ranks", "All ranks", tooltip="Charts of the lowest rank, not the one picked"),
         Binding("space", "toggle_pause", "Pause", tooltip="Pause or resume the replay"),
         Binding("plus", "faster", "Faster", key_display="+", tooltip="Replay faster (up to 64x, then max)"),
         Binding("minus", "slower", "Slower", key_display="-", tooltip="Replay slower (down to 0.5x)"),
@@ -111,6 +121,10 @@ class TuimonApp(App[None]):
         self._initial_theme = theme
         self._seen: dict[str, object] = {}
         self._generation = self.store.generation
+        #: The rank picked in the job view, whose series the charts show (None: the lowest rank).
+        self.focus_rank: int | None = None
+        self._job_state = GridState()
+        self._job_opened: set[str] = set()  # runs whose job view was opened (once by itself)
         #: The incident knowledge base (``kb_dir``, else $TUIMON_KB, config, default), opened off
         #: the UI thread; "seen before" is offered for new events, the incident screen uses it.
         self.kb_link = KbLink(kb_dir)
@@ -151,6 +165,8 @@ class TuimonApp(App[None]):
         return True
 
     def _select_run(self, name: str | None) -> None:
+        if name != self.run_name:
+            self.focus_rank = None  # the rank picked was one of the other run's
         self.run_name = name
         self._seen.clear()
         self.query_one(GpuPanel).reset()
@@ -178,14 +194,16 @@ class TuimonApp(App[None]):
         view = store.run_view(run) if run else None
         versions = store.versions(run) if run else {}
         source, notices, now = store.source_status(), store.notices(), store.now()
-        if self._changed("header", (view, source, tuple(notices), int(now))):
-            self.query_one(RunHeader).show(view, source, notices, now)
+        if self._changed("header", (view, source, tuple(notices), int(now), self.focus_rank)):
+            self.query_one(RunHeader).show(view, source, notices, now, focus=self.focus_rank)
         if self._changed("status", store.status_version()):
             self.query_one(StatusLine).show(store.counters(), self.source.where())
         if run is None:
             return
-        if self._changed("gpu", versions["gpu"]):
-            self.query_one(GpuPanel).show(store.devices(run), view.gpu_simulated if view else False)
+        if self._changed("gpu", (versions["gpu"], self.focus_rank)):
+            devices = store.devices(run)
+            focused = [device for device in devices if device.rank == self.focus_rank]
+            self.query_one(GpuPanel).show(focused or devices, view.gpu_simulated if view else False)
         if self._changed("invariants", versions["invariants"]):
             self.query_one(InvariantTable).show(store.invariants(run))
         if self._changed("events", versions["events"]):
@@ -195,6 +213,11 @@ class TuimonApp(App[None]):
         chart = self.query_one(MetricChart)
         if self._changed("metric-names", versions["metrics"]):
             chart.set_names(store.metric_names(run), left_out=view.metrics_left_out if view else 0)
+        has_job = versions["nodes"] != 0  # node relays summarised this run: the job view has something
+        if has_job and self._changed("has-job", has_job):
+            self.refresh_bindings()  # the footer offers j from now on
+        if has_job and run not in self._job_opened and self.screen is self.screen_stack[0]:
+            self.action_job()  # once by itself: the job is what a relay's user came to see
 
     def refresh_chart(self) -> None:
         """The selected metric's chart, when the dashboard is the visible screen."""
@@ -207,8 +230,9 @@ class TuimonApp(App[None]):
             return
         versions = self.store.versions(run)
         chart = self.query_one(MetricChart)
-        steps, values = self.store.series(run, chart.metric)
-        chart.show(steps, values, self.store.events(run), (versions["metrics"], versions["events"]))
+        steps, values = self.store.series(run, chart.metric, rank=self.focus_rank)
+        version = (versions["metrics"], versions["events"])
+        chart.show(steps, values, self.store.events(run), version, rank=self.focus_rank)
 
     # ----------------------------------------------------------------------------------- actions
 
@@ -217,6 +241,10 @@ class TuimonApp(App[None]):
             return False
         if action in _REPLAY_ACTIONS:
             return self.replay is not None
+        if action == "job":
+            return self.run_name is not None and self.store.versions(self.run_name)["nodes"] != 0
+        if action == "all_ranks":
+            return self.focus_rank is not None
         return True
 
     def action_help(self) -> None:
@@ -234,7 +262,8 @@ class TuimonApp(App[None]):
             ("ctrl+p", "Command palette (themes, charts, runs, replay)"),
             ("↑ ↓", "Move in a table"),
         ]
-        return [("Dashboard", dashboard), ("Replay only", replay), *key_sections(self)]
+        job = job_key_section(self.get_key_display)
+        return [("Dashboard", dashboard), ("Replay only", replay), job, *key_sections(self)]
 
     def action_next_theme(self) -> None:
         order = list(THEME_ORDER)
@@ -271,6 +300,37 @@ class TuimonApp(App[None]):
             position = names.index(chart.metric) if chart.metric in names else -1
             chart.metric = names[(position + 1) % len(names)]
             self.refresh_chart()
+
+    def action_job(self) -> None:
+        """The job view of the current run (its figure and cursor kept from the last opening)."""
+        run = self.run_name
+        if run is None:
+            return
+        self._job_opened.add(run)
+        self.push_screen(JobScreen(self.store, run, self._job_state), self._job_closed)
+
+    def _job_closed(self, rank: int | None) -> None:
+        if rank is not None:
+            self.focus_on(rank)
+
+    def focus_on(self, rank: int | None) -> None:
+        """Show ``rank``'s own series on the dashboard (None: the run's lowest rank, as before)."""
+        run = self.run_name
+        if run is None or rank == self.focus_rank:
+            return
+        self.focus_rank = rank
+        if isinstance(self.source, RankFocus):
+            view = self.store.run_view(run)
+            lowest = view.ranks[0] if view is not None and view.ranks else 0
+            self.source.focus_rank(run, lowest if rank is None else rank)
+        self.refresh_bindings()
+        self.refresh_numbers()
+        self.refresh_chart()
+        self.notify(f"rank {rank}: its charts and GPUs (j: job view, escape: all ranks)" if rank is not None
+                    else "all ranks: the charts show the lowest rank", timeout=3)
+
+    def action_all_ranks(self) -> None:
+        self.focus_on(None)
 
     def action_focus_events(self) -> None:
         self.query_one(EventLog).focus()
@@ -348,6 +408,8 @@ class TuimonApp(App[None]):
                 f"Chart: {metric}", f"Chart the {metric} metric", lambda m=metric: self.action_chart(m)
             )
         yield SystemCommand("Next run", "Show the next run heard from", self.action_next_run)
+        if self.check_action("job", ()):
+            yield SystemCommand("Job view", "Every GPU of every node, the loss across ranks", self.action_job)
         yield SystemCommand("Event details", "Details of the selected event", self.action_event_details)
         if self.replay is not None:
             yield SystemCommand(

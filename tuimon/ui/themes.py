@@ -22,6 +22,9 @@ from tuimon.errors import UserError
 DEFAULT_THEME = "tuimon-dark"
 #: Our themes in the order the theme key cycles through them.
 THEME_ORDER = ("tuimon-dark", "tuimon-light", "tuimon-contrast")
+#: Themes that say every level with a symbol as well as a colour (the job grid's cells as block
+#: heights rather than solid blocks): nothing in them is carried by colour alone.
+SYMBOL_THEMES = frozenset({"tuimon-contrast"})
 
 _COLOR_FIELDS = (
     "primary",

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Vertical
 from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Tab, Tabs
 from textual_plotext import PlotextPlot
 
@@ -61,6 +63,24 @@ def envelope(steps: Sequence[int], values: Sequence[float], columns: int) -> tup
             out_steps.append(steps[index])
             out_values.append(values[index])
     return out_steps, out_values
+
+
+def theme_rgb(widget: Widget, variable: str) -> tuple[int, int, int]:
+    """A theme colour as plotext takes it (an RGB triple)."""
+    return Color.parse(widget.app.theme_variables[variable]).rgb
+
+
+def wide_range(values: Sequence[float]) -> bool:
+    """Whether a linear axis would flatten most of ``values`` (a loss spike 100x the usual level)."""
+    return min(values) > 0 and max(values) / min(values) > 30
+
+
+def set_y_axis(plt: Any, low: float, high: float, *, logarithmic: bool) -> None:
+    """Five ticks from ``low`` to ``high`` labelled in real units. On a logarithmic axis the values
+    plotted are already log10'd by the caller: plotext's own log scale takes the log again each
+    time the widget re-renders (theme change, resize)."""
+    ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
+    plt.yticks(ticks, [number(10**tick if logarithmic else tick, 3) for tick in ticks])
 
 
 class MetricChart(Vertical):
@@ -162,15 +182,18 @@ class MetricChart(Vertical):
         self._activate_tab()
         self._drawn = None
 
-    def _color(self, variable: str) -> tuple[int, int, int]:
-        """A theme colour as plotext takes it (an RGB triple)."""
-        return Color.parse(self.app.theme_variables[variable]).rgb
-
     def show(
-        self, steps: Sequence[int], values: Sequence[float], events: list[EventRecord], version: object
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        events: list[EventRecord],
+        version: object,
+        *,
+        rank: int | None = None,
     ) -> None:
-        """Redraw if anything drawn changed (``version`` identifies the data shown)."""
-        key = (self.metric, version, self.size, self.app.theme)
+        """Redraw if anything drawn changed (``version`` identifies the data shown; ``rank`` names
+        the rank the series is of, when the user chose one rather than the run's lowest)."""
+        key = (self.metric, version, rank, self.size, self.app.theme)
         if key == self._drawn:
             return
         self._drawn = key
@@ -179,22 +202,18 @@ class MetricChart(Vertical):
         plt.clear_data()
         width = max(plot.size.width - 12, 10)
         xs, ys = envelope(steps, values, width)
-        title = f"{self.metric}  last {number(values[-1])}" if values else f"{self.metric}: no data yet"
+        name = self.metric if rank is None else f"{self.metric} of rank {rank}"
+        title = f"{name}  last {number(values[-1])}" if values else f"{name}: no data yet"
         if xs:
-            # A loss spike 100x the usual level would flatten everything else on a linear axis.
-            logarithmic = self.metric == "lr" or (min(ys) > 0 and max(ys) / min(ys) > 30)
+            logarithmic = self.metric == "lr" or wide_range(ys)
             if logarithmic:
-                # The log is taken here, with tick labels in real units: plotext's own log scale
-                # takes the log again each time the widget re-renders (theme change, resize).
                 ys = [math.log10(y) for y in ys]
-            low, high = min(ys), max(ys)
-            ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
-            plt.yticks(ticks, [number(10**tick if logarithmic else tick, 3) for tick in ticks])
-            plt.plot(xs, ys, marker="braille", color=self._color("primary"))
+            set_y_axis(plt, min(ys), max(ys), logarithmic=logarithmic)
+            plt.plot(xs, ys, marker="braille", color=theme_rgb(self, "primary"))
             first, last = steps[0], steps[-1]
             marked = [e for e in events if e.step is not None and first <= e.step <= last]
             for event in marked:
-                plt.vline(event.step, self._color(_EVENT_COLORS.get(event.severity, "secondary")))
+                plt.vline(event.step, theme_rgb(self, _EVENT_COLORS.get(event.severity, "secondary")))
             if marked:
                 title += f"   │ = event ({len(marked)})"
         plt.title(title)

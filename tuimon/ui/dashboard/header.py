@@ -58,7 +58,16 @@ class RunHeader(Static):
     }
     """
 
-    def show(self, view: RunView | None, source: SourceStatus, notices: list[str], now: float) -> None:
+    def show(
+        self,
+        view: RunView | None,
+        source: SourceStatus,
+        notices: list[str],
+        now: float,
+        *,
+        focus: int | None = None,
+    ) -> None:
+        """``focus``: the rank picked in the job view, whose series the charts show."""
         separator = Content.styled(" │ ", "$foreground 40%")
         if view is None:
             first = Content.assemble(
@@ -71,6 +80,7 @@ class RunHeader(Static):
                 Content.styled(view.name, "bold $primary"),
                 Content.from_markup("host [b]$host[/]", host=", ".join(view.hosts) or "—"),
                 Content.from_markup("ranks [b]$ranks[/]", ranks=_ranks(view.ranks, view.world_size)),
+                *([Content.styled(f" ◎ rank {focus} ", "bold reverse $accent")] if focus is not None else []),
                 Content.from_markup("step [b]$step[/]", step="—" if view.step is None else f"{view.step:,}"),
                 Content.from_markup("elapsed [b]$elapsed[/]", elapsed=duration(elapsed)),
             ]
