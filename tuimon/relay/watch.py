@@ -196,41 +196,29 @@ class JobWatch:
                 else ""
             )
             return [
-                Finding(
+                _hang(
                     run,
                     number,
-                    "hang",
-                    "critical",
+                    stuck[number],
+                    now,
+                    True,
                     f"the whole job stopped at step {stuck[number].step} for "
                     f"{now - stuck[number].step_at:.0f} s (heartbeats continue){blame}",
-                    self._hang_details(number, stuck[number], now, whole_job=True),
                 )
                 for number in named
             ]
         return [
-            Finding(
+            _hang(
                 run,
                 number,
-                "hang",
-                "critical",
+                rank,
+                now,
+                whole_job,
                 f"rank {number} on {rank.host} stuck at step {rank.step} for {now - rank.step_at:.0f} s "
                 "while other ranks advance (heartbeats continue)",
-                self._hang_details(number, rank, now, whole_job=whole_job),
             )
             for number, rank in sorted(stuck.items())
         ]
-
-    @staticmethod
-    def _hang_details(number: int, rank: _Rank, now: float, *, whole_job: bool) -> dict[str, Any]:
-        return {
-            "rank": number,
-            "host": rank.host,
-            "step": rank.step,
-            "stuck_s": round(now - rank.step_at, 1),
-            "whole_job": whole_job,
-            "in_collective": rank.in_collective,
-            "stack": rank.stack or [],
-        }
 
     @staticmethod
     def _stragglers(run: str, heard: dict[int, _Rank]) -> list[Finding]:
@@ -284,3 +272,23 @@ class JobWatch:
                 )
             )
         return findings
+
+
+def _hang(run: str, number: int, rank: _Rank, now: float, whole_job: bool, message: str) -> Finding:
+    """A ``hang`` finding about one stuck rank, with its stack as its heartbeat last carried it."""
+    return Finding(
+        run,
+        number,
+        "hang",
+        "critical",
+        message,
+        {
+            "rank": number,
+            "host": rank.host,
+            "step": rank.step,
+            "stuck_s": round(now - rank.step_at, 1),
+            "whole_job": whole_job,
+            "in_collective": rank.in_collective,
+            "stack": rank.stack or [],
+        },
+    )

@@ -102,6 +102,17 @@ def describe_targets(endpoints: Sequence[str], registry_dir: Path | None) -> str
     return f"the run registry {registry_dir}"
 
 
+def decode_all(frames: Iterable[bytes]) -> tuple[list[dict[str, Any]], list[ProtocolError]]:
+    """A snapshot's frames decoded, and what was malformed among them (each skipped alone)."""
+    messages, malformed = [], []
+    for frame in frames:
+        try:
+            messages.append(decode(frame))
+        except ProtocolError as exc:
+            malformed.append(exc)
+    return messages, malformed
+
+
 def reachable(address: str, connected_to: str) -> str:
     """``address`` as this receiver can reach it: a relay bound on every interface
     (``tcp://0.0.0.0:P``) advertises that, so the host it was reached at stands in."""
@@ -320,8 +331,9 @@ class Receiver:
 
     # --------------------------------------------------------------------------------- snapshots
 
-    def request_snapshot(self, key: tuple[str, int], sender: _Sender, address: str) -> None:
-        sender.requested_at = time.monotonic()
+    def ask_for_snapshot(self, address: str) -> zmq.Socket:
+        """A DEALER that has sent the snapshot request to ``address`` (with the job's keys where
+        they are needed), registered for its reply; ZMQError if it could not be asked."""
         dealer = self.context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         if keys := self.joining_keys(address):
@@ -329,13 +341,21 @@ class Receiver:
         try:
             dealer.connect(address)
             dealer.send(SNAPSHOT_REQUEST, zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
+        except zmq.ZMQError:
             dealer.close(linger=0)
+            raise
+        self.poller.register(dealer, zmq.POLLIN)
+        return dealer
+
+    def request_snapshot(self, key: tuple[str, int], sender: _Sender, address: str) -> None:
+        sender.requested_at = time.monotonic()
+        try:
+            dealer = self.ask_for_snapshot(address)
+        except zmq.ZMQError as exc:
             self.go_live(key, sender, f"cannot ask {address} for a snapshot ({exc})")
             return
         sender.dealer = dealer
         self.dealers[dealer] = key
-        self.poller.register(dealer, zmq.POLLIN)
 
     def read_snapshot(self, dealer: zmq.Socket) -> None:
         key = self.dealers[dealer]
@@ -351,12 +371,7 @@ class Receiver:
             self.sink.count_malformed(ProtocolError(f"snapshot reply: {exc}", "bad snapshot"))
             self.go_live(key, sender, "the snapshot reply was malformed")
             return
-        messages, malformed = [], []
-        for frame in frames[1:]:
-            try:
-                messages.append(decode(frame))
-            except ProtocolError as exc:
-                malformed.append(exc)
+        messages, malformed = decode_all(frames[1:])
         later = [message for message in sender.buffer if message["seq"] > seq]
         self.sink.apply_snapshot(key[0], key[1], messages, seq, then=later, malformed=malformed)
         sender.buffer = []
@@ -369,20 +384,11 @@ class Receiver:
         ours = beat.get("listen") in self.endpoints or beat.get("upstream") is None
         if not ours or not isinstance(address, str) or not self.endpoints:
             return
-        dealer = self.context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        address = reachable(address, next(iter(self.endpoints)))
-        if keys := self.joining_keys(address):
-            keys.join(dealer)
         try:
-            dealer.connect(address)
-            dealer.send(SNAPSHOT_REQUEST, zmq.NOBLOCK)
+            self.job_state = (self.ask_for_snapshot(reachable(address, next(iter(self.endpoints)))),
+                              time.monotonic())
         except zmq.ZMQError:
-            dealer.close(linger=0)
             self.job_state = "done"
-            return
-        self.poller.register(dealer, zmq.POLLIN)
-        self.job_state = (dealer, time.monotonic())
 
     def read_job_state(self, dealer: zmq.Socket) -> None:
         """The relay's answer (or its silence): every message as from a filtered stream."""
@@ -394,12 +400,7 @@ class Receiver:
             self.sink.set_notice("job-state", "the relay did not send the job's state: what happened "
                                  "before joining is missing", ttl_s=15.0)
             return
-        messages, malformed = [], []
-        for frame in frames[1:]:
-            try:
-                messages.append(decode(frame))
-            except ProtocolError as exc:
-                malformed.append(exc)
+        messages, malformed = decode_all(frames[1:])
         self.sink.apply_batch(messages, received=0, malformed=malformed, complete=False)
 
     def close_dealer(self, sender: _Sender) -> None:
