@@ -183,7 +183,7 @@ def _clip_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(params, *args, **kwargs)
         try:  # noqa: SIM105 (a plain try costs less than contextlib.suppress on every step)
             _saw_clip(params, result)
-        except Exception:  # noting must never break the user's clipping
+        except Exception:  # nothing must ever break the user's clipping
             pass
         return result
 
@@ -233,7 +233,7 @@ def _cross_entropy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         elif _watches and not _compiling():
             try:  # noqa: SIM105 (a plain try costs less than contextlib.suppress on every call)
                 _saw_classification(input, target)
-            except Exception:  # noting must never break the user's loss
+            except Exception:  # nothing must ever break the user's loss
                 pass
         return result
 
