@@ -259,8 +259,7 @@ async def job_view_drawn(pilot: Pilot, problems: int = 4) -> None:
     await pilot.pause(0.6)
 
 
-# 80x24 is left out until its snapshot is stable on a fresh machine (it differed on CI's clone).
-@pytest.mark.parametrize("size", [SIZES["160x48"]], ids=["160x48"])
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
 @pytest.mark.parametrize("theme", ["tuimon-dark", "tuimon-contrast"])
 def test_job_view(
     snap_compare: Snap, job_app: Callable[..., TuimonApp], theme: str, size: tuple[int, int]

@@ -65,6 +65,10 @@ def envelope(steps: Sequence[int], values: Sequence[float], columns: int) -> tup
     return out_steps, out_values
 
 
+#: Rows of a plotext plot that hold no data: the frame's top and bottom and the x labels.
+_PLOT_FRAME_ROWS = 3
+
+
 def theme_rgb(widget: Widget, variable: str) -> tuple[int, int, int]:
     """A theme colour as plotext takes it (an RGB triple)."""
     return Color.parse(widget.app.theme_variables[variable]).rgb
@@ -75,11 +79,15 @@ def wide_range(values: Sequence[float]) -> bool:
     return min(values) > 0 and max(values) / min(values) > 30
 
 
-def set_y_axis(plt: Any, low: float, high: float, *, logarithmic: bool) -> None:
-    """Five ticks from ``low`` to ``high`` labelled in real units. On a logarithmic axis the values
+def set_y_axis(plt: Any, low: float, high: float, *, logarithmic: bool, height: int) -> None:
+    """Up to five ticks from ``low`` to ``high`` labelled in real units, at least a row and a half
+    apart on a plot ``height`` rows tall: two ticks on one row leave plotext to pick which label
+    shows, and its pick varies from one drawing to the next. On a logarithmic axis the values
     plotted are already log10'd by the caller: plotext's own log scale takes the log again each
     time the widget re-renders (theme change, resize)."""
-    ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
+    rows = height - _PLOT_FRAME_ROWS
+    count = max(2, min(5, 1 + (rows - 1) * 2 // 3))
+    ticks = [low + (high - low) * i / (count - 1) for i in range(count)] if high > low else [low]
     plt.yticks(ticks, [number(10**tick if logarithmic else tick, 3) for tick in ticks])
 
 
@@ -208,7 +216,7 @@ class MetricChart(Vertical):
             logarithmic = self.metric == "lr" or wide_range(ys)
             if logarithmic:
                 ys = [math.log10(y) for y in ys]
-            set_y_axis(plt, min(ys), max(ys), logarithmic=logarithmic)
+            set_y_axis(plt, min(ys), max(ys), logarithmic=logarithmic, height=plot.size.height)
             plt.plot(xs, ys, marker="braille", color=theme_rgb(self, "primary"))
             first, last = steps[0], steps[-1]
             marked = [e for e in events if e.step is not None and first <= e.step <= last]

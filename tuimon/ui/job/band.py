@@ -89,7 +89,9 @@ class LossBand(PlotextPlot):
             values = [lo for _, lo, _ in spans] + [hi for _, _, hi in spans] + median_ys
             logarithmic = wide_range(values)
             scale = math.log10 if logarithmic else float
-            set_y_axis(plt, scale(min(values)), scale(max(values)), logarithmic=logarithmic)
+            set_y_axis(
+                plt, scale(min(values)), scale(max(values)), logarithmic=logarithmic, height=self.size.height
+            )
             band_colour = Color.parse(self.app.theme_variables["surface"]).blend(
                 Color.parse(self.app.theme_variables["primary"]), 0.45
             ).rgb
