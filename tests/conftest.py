@@ -253,7 +253,7 @@ def job_batches(
     summarizers = [NodeSummarizer(name) for name in names]
     batches = []
     for step in range(steps):
-        ts = t0 + step * 0.5
+        ts, now = t0 + step * 0.5, step * 0.5
         batch = []
         for node, (name, summarizer) in enumerate(zip(names, summarizers, strict=True)):
             for rank in range(node * gpus_per_node, (node + 1) * gpus_per_node):
@@ -263,9 +263,9 @@ def job_batches(
                 metrics, gpu = _rank_figures(rank, shown, node, steps)
                 sender = {"run": JOB_RUN, "rank": rank, "host": name, "ts": ts, "step": shown}
                 numbers = wire_numbers(metrics)
-                summarizer.observe(make_message("metrics", seq=2 * step, metrics=numbers, **sender))
-                summarizer.observe(make_message("gpu", seq=2 * step + 1, devices=[gpu], **sender))
-            for run, rank, body in summarizer.summaries():
+                summarizer.observe(make_message("metrics", seq=2 * step, metrics=numbers, **sender), now)
+                summarizer.observe(make_message("gpu", seq=2 * step + 1, devices=[gpu], **sender), now)
+            for run, rank, body in summarizer.summaries(now):
                 summary = make_message("summary", run=run, rank=rank, host=name, ts=ts, seq=step, **body)
                 batch.append(decoded(summary))
         batches.append(batch)

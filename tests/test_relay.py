@@ -523,7 +523,7 @@ def test_a_killed_rank_is_named_lost_with_its_host_and_last_step(
         assert {e["details"].get("rank") for e in events.of("event") if e["kind"] == "rank_lost"} == {4}
 
 
-def test_a_summary_whose_columns_do_not_match_its_ranks_is_refused_alone() -> None:
+def test_a_summary_whose_columns_or_beats_do_not_match_its_ranks_is_refused_alone() -> None:
     from publisher.wire.protocol import ProtocolError
 
     def summary(**body: Any) -> bytes:
@@ -535,6 +535,14 @@ def test_a_summary_whose_columns_do_not_match_its_ranks_is_refused_alone() -> No
         decode(summary(**good, per_rank={"step_time": [0.1]}))
     with pytest.raises(ProtocolError, match="ranks"):
         decode(summary(**{**good, "ranks": [-1]}))
+    beats = [{"silent_s": 0.2, "in_collective": True}, {"silent_s": 7.5, "stack": ["train.py:12"]}]
+    assert decode(summary(**good, beats=beats))["beats"][1]["silent_s"] == 7.5
+    with pytest.raises(ProtocolError, match="one object per rank"):
+        decode(summary(**good, beats=beats[:1]))
+    with pytest.raises(ProtocolError, match="silent_s"):
+        decode(summary(**good, beats=[beats[0], {"silent_s": -1}]))
+    with pytest.raises(ProtocolError, match="in_collective"):
+        decode(summary(**good, beats=[beats[0], {"in_collective": "yes"}]))
 
 
 def test_through_a_relay_the_viewer_takes_summaries_and_one_focused_rank_per_run(

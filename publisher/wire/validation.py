@@ -228,12 +228,18 @@ MAX_STACK_ENTRY_CHARS = 512
 def _heartbeat(message: Mapping[str, Any]) -> None:
     _string(message, "snapshot", MAX_NAME_CHARS, required=False)
     _object(message, "stats")
-    stalled = message.get("stalled_s")
+    _watchdog_fields(message, "stalled_s")
+
+
+def _watchdog_fields(fields: Mapping[str, Any], seconds: str) -> None:
+    """What a heartbeat says of the training thread (seconds stalled or silent, its stack, whether
+    it is inside a collective), in a heartbeat or in a summary's ``beats``."""
+    stalled = fields.get(seconds)
     if stalled is not None and (
         isinstance(stalled, bool) or not isinstance(stalled, int | float) or not 0 <= stalled < math.inf
     ):
-        raise _error("field 'stalled_s' must be a finite number of seconds, not negative")
-    stack = message.get("stack")
+        raise _error(f"field {seconds!r} must be a finite number of seconds, not negative")
+    stack = fields.get("stack")
     if stack is not None:
         if not isinstance(stack, list) or not all(isinstance(item, str) for item in stack[:MAX_STACK_FRAMES]):
             raise _error("field 'stack' must be a list of strings")
@@ -242,7 +248,7 @@ def _heartbeat(message: Mapping[str, Any]) -> None:
                 f"field 'stack' must hold at most {MAX_STACK_FRAMES} entries of at most "
                 f"{MAX_STACK_ENTRY_CHARS} characters", "too large",
             )
-    in_collective = message.get("in_collective")
+    in_collective = fields.get("in_collective")
     if in_collective is not None and not isinstance(in_collective, bool):
         raise _error("field 'in_collective' must be true, false or null")
 
@@ -289,6 +295,14 @@ def _summary(message: Mapping[str, Any]) -> None:
     for field in ("steps", "gpus"):
         if message.get(field) is not None:
             check_free_form(message[field], f"field {field!r}")
+    beats = message.get("beats")
+    if beats is not None:
+        if not isinstance(beats, list) or len(beats) != len(ranks) or not all(
+            isinstance(beat, dict) for beat in beats
+        ):
+            raise _error("field 'beats' must hold one object per rank")
+        for beat in beats:
+            _watchdog_fields(beat, "silent_s")
 
 
 def _run_start(message: Mapping[str, Any]) -> None:

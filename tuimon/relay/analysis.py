@@ -1,9 +1,9 @@
 """What a relay does with the stream besides forwarding it, on its main thread.
 
 A side SUB socket on the relay's own XPUB receives only the types it needs (ZeroMQ filters the
-rest before Python sees them): a node relay reads its ranks' ``metrics`` and ``gpu`` to make the
-node's summaries (:mod:`tuimon.relay.summary`); the relay at the top of the tree (the root, or a
-node relay with nobody above it) reads heartbeats, summaries and relay beats to judge the job
+rest before Python sees them): a node relay reads its ranks' ``metrics``, ``gpu`` and heartbeats
+to make the node's summaries (:mod:`tuimon.relay.summary`); the relay at the top of the tree (the
+root, or a node relay with nobody above it) reads summaries and relay beats to judge the job
 (:mod:`tuimon.relay.watch`); every relay keeps the job's state for viewers that join late
 (:mod:`tuimon.relay.history`). Everything it produces goes back into the stream as ordinary
 messages, so viewers, ``tuimon tail`` and the root see them like any other.
@@ -24,6 +24,8 @@ from tuimon.relay.history import KEPT_TYPES, JobHistory
 from tuimon.relay.summary import DEFAULT_PERIOD_S, NodeSummarizer
 from tuimon.relay.watch import JobWatch
 
+#: What a node relay's summaries are made of.
+_SUMMARIZED = ("metrics", "gpu", "heartbeat", "run_end")
 #: (type, run, rank, host, step, body) of a message the relay is to send.
 Outgoing = tuple[str, str, int, str, int | None, dict[str, Any]]
 
@@ -54,9 +56,9 @@ class Analysis:
         """What the side socket subscribes to."""
         wanted = set(KEPT_TYPES)
         if self.summarizer is not None:
-            wanted |= {"metrics", "gpu", "run_end"}
+            wanted |= set(_SUMMARIZED)
         if self.watch is not None:
-            wanted |= {"heartbeat", "summary", "relay", "run_start", "run_end"}
+            wanted |= {"summary", "relay", "run_start", "run_end"}
         return [subscription(msg_type) for msg_type in sorted(wanted)]
 
     def feed(self, frames: list[bytes], now: float) -> None:
@@ -69,8 +71,8 @@ class Analysis:
             self.history.keep(frame, message)
             if message.get("by") == self.name:
                 continue  # our own findings, come back through the proxy
-            if self.summarizer is not None and message["type"] in ("metrics", "gpu", "run_end"):
-                self.summarizer.observe(message)
+            if self.summarizer is not None and message["type"] in _SUMMARIZED:
+                self.summarizer.observe(message, now)
             if self.watch is not None:
                 self.watch.observe(message, now)
 
@@ -80,7 +82,7 @@ class Analysis:
             return
         self._next_summary = now + DEFAULT_PERIOD_S
         if self.summarizer is not None:
-            for run, rank, body in self.summarizer.summaries():
+            for run, rank, body in self.summarizer.summaries(now):
                 yield "summary", run, rank, self.host, None, body
         if self.watch is not None:
             yield from self._events(now)

@@ -1,7 +1,8 @@
 """Job-level judgements a single rank cannot make: a rank lost, a hang, a straggler.
 
-The root relay (or a node relay with nobody above it) sees every rank's heartbeat and every
-node's summary, so it is the one place that can compare ranks live:
+The root relay (or a node relay with nobody above it) sees every node's summary, which folds in
+each rank's heartbeats (:mod:`tuimon.relay.summary`), so it is the one place that can compare
+ranks live:
 
 - **lost**: a rank (or a relay) whose heartbeats stop, heartbeats being sent every second whatever
   the training does, is lost after :data:`LOST_AFTER_S` without a ``run_end``; the event names its
@@ -73,7 +74,7 @@ class Finding:
 
 
 class JobWatch:
-    """Fed decoded messages (heartbeats, summaries, run ends, relay beats) by the relay's main
+    """Fed decoded messages (summaries, run starts and ends, relay beats) by the relay's main
     thread; :meth:`check` returns what is wrong now."""
 
     def __init__(self) -> None:
@@ -89,39 +90,41 @@ class JobWatch:
                 now,
                 {run for run in runs if isinstance(run, str)},
             )
-            return
-        if msg_type == "summary":
-            self._observe_summary(message)
-            return
-        if not numbered_by_sender(message):  # what a relay said about a rank, not the rank itself
-            return
-        ranks = self._runs.setdefault(message["run"], {})
-        rank = ranks.get(message["rank"])
-        if rank is None:
-            rank = ranks[message["rank"]] = _Rank(message["host"], now, step_at=now)
-        rank.heard_at, rank.host = now, message["host"]
-        if msg_type == "run_end":
-            rank.ended = True
-        elif msg_type == "run_start":
-            rank.ended = False
-        step = message.get("step")
-        if isinstance(step, int) and step != rank.step:
-            if rank.step is not None and step > rank.step:
-                rank.intervals.append((now - rank.step_at) / (step - rank.step))
-            rank.step, rank.step_at = step, now
-        if msg_type == "heartbeat":
-            rank.in_collective = message.get("in_collective")
-            stack = message.get("stack")
-            rank.stack = stack if isinstance(stack, list) else None
+        elif msg_type == "summary":
+            self._observe_summary(message, now)
+        elif msg_type in ("run_start", "run_end") and numbered_by_sender(message):
+            rank = self._rank(message["run"], message["rank"], message["host"], now)
+            rank.heard_at = now
+            rank.ended = msg_type == "run_end"
 
-    def _observe_summary(self, message: Mapping[str, Any]) -> None:
-        ranks = self._runs.get(message["run"], {})
+    def _rank(self, run: str, number: int, host: str, now: float) -> _Rank:
+        ranks = self._runs.setdefault(run, {})
+        rank = ranks.get(number)
+        if rank is None:
+            rank = ranks[number] = _Rank(host, now, step_at=now)
+        rank.host = host
+        return rank
+
+    def _observe_summary(self, message: Mapping[str, Any], now: float) -> None:
+        """One node's ranks as its relay last heard them (:mod:`tuimon.relay.summary`): when each
+        was last heard, its step, where its training thread is, and its step and data times."""
         per_rank = message.get("per_rank", {})
         step_times, data_times = per_rank.get("step_time", []), per_rank.get("data_time", [])
-        for i, number in enumerate(message.get("ranks", [])):
-            rank = ranks.get(number)
-            if rank is None:
-                continue
+        steps, beats = message.get("steps") or [], message.get("beats") or []
+        for i, number in enumerate(message["ranks"]):
+            rank = self._rank(message["run"], number, message["host"], now)
+            beat = beats[i] if i < len(beats) and isinstance(beats[i], dict) else {}
+            silent = beat.get("silent_s")
+            heard_at = now - silent if isinstance(silent, int | float) else now
+            rank.heard_at = max(rank.heard_at, heard_at)
+            rank.in_collective = beat.get("in_collective")
+            stack = beat.get("stack")
+            rank.stack = stack if isinstance(stack, list) else None
+            step = steps[i] if i < len(steps) else None
+            if isinstance(step, int) and step != rank.step:
+                if rank.step is not None and step > rank.step:
+                    rank.intervals.append((now - rank.step_at) / (step - rank.step))
+                rank.step, rank.step_at = step, now
             for values, into in ((step_times, rank.step_times), (data_times, rank.data_times)):
                 value = values[i] if i < len(values) else None
                 if isinstance(value, int | float):
