@@ -51,8 +51,10 @@ QUEUE_FRAMES = 100_000
 REGISTRY_SCAN_S = 1.0
 #: Publishers named in one heartbeat (a node has a handful; the count is always exact).
 MAX_LISTED = 64
-#: Longest wait of the main thread for the side socket (bounds the delay of summaries and beats).
-_TICK_MS = 50
+#: Seconds between two rounds of the main thread: it drains the side socket in one batch a round
+#: rather than waking for each message (ZeroMQ queues them meanwhile), so its cost follows the
+#: messages' number, not their arrival pattern; the forwarding never waits for it.
+_TICK_S = 0.05
 #: Frames the main thread reads from the side socket in one go.
 _DRAIN_FRAMES = 10_000
 _ids = itertools.count()
@@ -191,9 +193,11 @@ class Relay:
         for proxy in self._proxies:
             proxy.start()
         next_scan = next_beat = next_serve = 0.0
+        next_round = time.monotonic()
         try:
-            while not stop.is_set():
+            while not stop.wait(max(next_round - time.monotonic(), 0.0)):
                 now = time.monotonic()
+                next_round = now + _TICK_S
                 if self.registry_dir is not None and now >= next_scan:
                     self._rescan()
                     next_scan = now + REGISTRY_SCAN_S
@@ -202,8 +206,7 @@ class Relay:
                     next_beat = now + self.heartbeat_s
                 for msg_type, run, rank, host, step, body in self.analysis.due(now):
                     self._send(msg_type, run, rank, host, step, body)
-                if self._side.poll(_TICK_MS):
-                    self.analysis.feed(_drain(self._side), time.monotonic())
+                self.analysis.feed(_drain(self._side), now)
                 self._read_refusals()
                 if now >= next_serve:
                     snapshot_gate.serve_requests(self._snapshots, self._gate, self._job_state)
