@@ -1,0 +1,1 @@
+"""What tuimon hands to other tools: the latest figures as Prometheus metrics."""
