@@ -12,7 +12,8 @@ and registers its ranks there as a Publisher does, so its node relay (``tuimon r
 its own process) finds them by scanning the registry, as on a real node. A root relay (``tuimon
 relay --root``) gathers the node relays; the viewer is this process, one SUB at the root,
 decoding every message it receives. It subscribes to everything (``--view all``), or to what a
-job-wide view needs (``--view job``: heartbeats, summaries, events, relay beats): subscriptions
+job view takes from every rank (``--view job``: summaries, which carry the ranks' heartbeats,
+events, relay beats; delays are then the summaries', from their relay to the viewer): subscriptions
 travel up the tree (docs/protocol.md, "Topics"), so that is also what the relays forward. For each
 size, over a window after a warm-up:
 
@@ -89,14 +90,16 @@ from publisher.wire.protocol import (
 )
 from publisher.wire.registry import live_entries, register, unregister
 from publisher.wire.topics import EVERYTHING, subscription
+from tuimon.sources.subscriptions import JOB_TYPES
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = "scale"
 #: What a simulated rank sends.
 PUBLISHED = ("metrics", "gpu", "heartbeat")
-#: What a viewer subscribes to (``--view``): everything, or what a job-wide view needs (the types
-#: the root's own job watch reads, and the events it makes), as a dashboard of 512 nodes would.
-VIEWS = {"all": None, "job": ("heartbeat", "summary", "event", "relay", "run_start", "run_end")}
+#: What a viewer subscribes to (``--view``): everything, or what the dashboard's job view takes from
+#: every rank (node summaries, which carry the ranks' heartbeats, events, relay beats, starts and ends;
+#: it also takes one focused rank's full stream, left out here), as a dashboard of 512 nodes would.
+VIEWS = {"all": None, "job": JOB_TYPES}
 #: A Publisher's default high-water mark (``publisher.wire.transport.Publisher``'s ``hwm``).
 PUBLISHER_HWM = 10_000
 #: The viewer's receive queue: large, so that what it misses is the relays' loss, not its own.
@@ -389,10 +392,13 @@ class Viewer:
                 self.tally.malformed += 1
             return
         if not numbered_by_sender(message):
+            self.hosts.add(message["host"])
             if self.counting:
                 self.tally.made_by_relays[message["type"]] += 1
                 if message["type"] == "event":
                     self.tally.findings[message.get("kind", "?")] += 1
+                if message["type"] == "summary":  # what the job view draws: from its relay to here
+                    self.tally.delays_s.setdefault(message["host"], []).append(now - message["ts"])
             return
         sender = (message["host"], message["run"], message["rank"])
         last = self.last_seq.get(sender)
@@ -510,7 +516,8 @@ def measure(setup: Setup) -> Row:
             root, root_process = start_tree(fleet, folder, setup.nodes) if setup.relayed else (None, None)
             context = zmq.Context()
             node0 = [entry.pub for entry in live_entries(folder / "node0")]
-            direct = Viewer(context, node0, setup.types)
+            # Node 0's publishers as they are (the job view's types are mostly made by relays).
+            direct = Viewer(context, node0, None if setup.types is None else PUBLISHED)
             waits = [(direct, {"node0"})]
             if root is not None:
                 waits.append((Viewer(context, [root], setup.types), {f"node{i}" for i in range(setup.nodes)}))
@@ -635,8 +642,9 @@ def format_row(row: Row) -> str:
                  f" ({statistics.fmean(row.node_relay_main):.1f})" if row.node_relay_cpu else "-")
     root_cpu = f"{row.root_cpu:.2f} ({row.root_main:.1f})" if row.root_cpu is not None else "-"
     lost = "n/a" if setup.types else f"{row.at_viewer.lost + row.pub_dropped:,}"
+    share = f"{row.at_viewer.received / row.offered:.1%}" if row.offered else "n/a"  # job view: none offered
     return (f"{'tree' if setup.relayed else 'direct':<7}{setup.nodes:>6}{setup.nodes * setup.ranks:>6}"
-            f"{offered:>10,.0f}{delivered:>9,.0f}{row.at_viewer.received / max(row.offered, 1):>8.1%}"
+            f"{offered:>10,.0f}{delivered:>9,.0f}{share:>8}"
             f"{lost:>6}{pair(everyone, 18)}{pair(node0, 15)}"
             f"{pair(direct, 16)}{ratio}{relay_cpu:>20}{root_cpu:>14}{row.publishers_cpu:>8.2f}"
             f"{row.machine_cpu:>10.0f}  {'; '.join(misses(row)) or '-'}")

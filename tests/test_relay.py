@@ -325,7 +325,7 @@ def test_the_dashboard_source_at_the_root_shows_the_focused_rank_with_its_histor
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`tuimon watch ROOT` joins mid-run: the focused rank's snapshot fills in what came before it,
-    every rank is known from its heartbeats, and the node's summary stands for the others."""
+    every rank is known (with its step) from its node's summary, which stands for the others."""
     from tuimon.sources.live import LiveSource
 
     root_address = f"tcp://127.0.0.1:{free_port_pair()}"

@@ -234,5 +234,11 @@ def test_node_summaries_make_one_cell_per_gpu_or_rank_and_a_loss_band_across_nod
                       received=2)
     steps, low, median, high = store.job_view("job").band
     assert steps == (5, 6) and (low[-1], median[-1], high[-1]) == (0.5, 3.5, 4.0), "lowest, median, highest"
-    assert store.run_view("job") is not None and store.run_view("job").ranks == (), "no rank made up from it"
+    run = store.run_view("job")  # the summaries stand for the ranks' heartbeats: known, stepping, live
+    assert run is not None and run.ranks == (0, 1, 2, 3) and run.hosts == ("a", "b")
+    assert (run.step, run.health, run.gaps) == (6, "live", 0), "the relays' numbering is not the ranks'"
+    silent = summary("b", [2, 3], 7, [0.5, 4.0], [])
+    silent["beats"] = [{"silent_s": 0.1}, {"silent_s": 10.0}]  # rank 3 not heard for 10 s by its relay
+    store.apply_batch([silent], received=1)
+    assert store.run_view("job").health == "stale"
     assert store.job_view("other") is None

@@ -318,9 +318,22 @@ class Store:
             handler(self, run, state, message)
 
     def _on_summary(self, run: _Run, message: Mapping[str, Any]) -> None:
+        """A node's summary; it also stands for its ranks' heartbeats (which a job viewer receives
+        from its focused rank only): each rank is known, with its step and when it was last heard."""
         if message["node"] in run.job.nodes or len(run.job.nodes) < MAX_RANKS:
             run.job.add(message)
             self._bump(run, "nodes")
+        heard = message["ts"] if self._stamp_with_message_ts else self.clock()
+        steps, beats = message.get("steps") or [], message.get("beats") or []
+        for i, number in enumerate(message["ranks"]):
+            state = self._rank(run, number, message["host"])
+            if state is None:
+                continue
+            silent = beats[i].get("silent_s", 0.0) if i < len(beats) else 0.0
+            state.last_heard = heard - silent  # the relay heard it last this long before it wrote
+            step = steps[i] if i < len(steps) else None
+            if isinstance(step, int) and (state.step is None or step > state.step):
+                state.step, state.step_ts = step, message["ts"]
 
     def _on_metrics(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
         step = message["step"]
