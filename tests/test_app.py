@@ -72,6 +72,7 @@ async def test_dashboard_shows_a_whole_run(recording: Path) -> None:
         for expected in (
             "synthetic",
             "host testhost",
+            "rank 0 │",  # one rank, named as one (a bare "ranks 0" read as "no ranks")
             "step 299",
             "1299 samples/s",
             "SIMULATED GPUs",

@@ -18,11 +18,14 @@ _HEALTH = {
 _END_STYLE = {"completed": "$success", "interrupted": "$warning", "failed": "$error"}
 
 
-def _ranks(ranks: tuple[int, ...], world_size: int | None) -> str:
+def _ranks(ranks: tuple[int, ...], world_size: int | None) -> Content:
+    """"rank 0" for one, "ranks 0-7" for several, and how many of the world that is when some are
+    not heard: a bare "ranks 0" read as "no ranks"."""
     if not ranks:
-        return "—"
-    listed = f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
-    return f"{listed} ({len(ranks)}/{world_size})" if world_size and world_size != len(ranks) else listed
+        return Content.from_markup("ranks [b]—[/]")
+    word, listed = ("rank", f"{ranks[0]}") if len(ranks) == 1 else ("ranks", f"{ranks[0]}-{ranks[-1]}")
+    heard = f" ({len(ranks)} of {world_size} heard)" if world_size and world_size != len(ranks) else ""
+    return Content.from_markup("$word [b]$listed[/]$heard", word=word, listed=listed, heard=heard)
 
 
 def connection(view: RunView | None, source: SourceStatus, now: float) -> Content:
@@ -79,7 +82,7 @@ class RunHeader(Static):
             fields = [
                 Content.styled(view.name, "bold $primary"),
                 Content.from_markup("host [b]$host[/]", host=", ".join(view.hosts) or "—"),
-                Content.from_markup("ranks [b]$ranks[/]", ranks=_ranks(view.ranks, view.world_size)),
+                _ranks(view.ranks, view.world_size),
                 *([Content.styled(f" ◎ rank {focus} ", "bold reverse $accent")] if focus is not None else []),
                 Content.from_markup("step [b]$step[/]", step="—" if view.step is None else f"{view.step:,}"),
                 Content.from_markup("elapsed [b]$elapsed[/]", elapsed=duration(elapsed)),
