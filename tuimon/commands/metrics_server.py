@@ -9,11 +9,11 @@ the figures name hosts and runs.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 
 from tuimon.commands._options import add_keys_option, keys_from
+from tuimon.commands._receiving import receive_until, stopped_by_signals
 
 #: The port Prometheus exporters of GPU clusters usually leave free for this (DCGM's is 9400 too,
 #: so both on one node need ``--port``).
@@ -52,13 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import zmq
     from prometheus_client import CollectorRegistry, start_http_server
 
     from tuimon.errors import UserError
     from tuimon.export.prometheus import FiguresCollector, LatestFigures
     from tuimon.sources.live import listen_targets
-    from tuimon.sources.receiver import Receiver
 
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be from 1 to 65535, got {args.port}")
@@ -75,18 +73,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"tuimon metrics-server: http://{args.bind}:{args.port}/metrics, from {where}", file=sys.stderr,
           flush=True)
     stop = threading.Event()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.signal(signum, lambda *_: stop.set()) for signum in signals}
-    context = zmq.Context()
-    try:
-        Receiver(figures, context, endpoints=endpoints, registry_dir=registry_dir, keys=keys,
-                 explicit_keys=explicit).run(stop)
-    except zmq.ZMQError as exc:
-        problem = zmq.strerror(exc.errno) if exc.errno is not None else str(exc)
-        raise UserError(f"cannot listen to {', '.join(endpoints)}: {problem}") from None
-    finally:
-        server.shutdown()
-        context.destroy(linger=0)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with stopped_by_signals(stop):
+        try:
+            receive_until(stop, figures, endpoints, registry_dir, keys, explicit)
+        finally:
+            server.shutdown()
     return 0

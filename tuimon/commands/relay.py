@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 
+from tuimon.commands._receiving import STOP_SIGNALS, stopped_by_signals
+
 #: Where ``tuimon run --relay`` and ``tuimon relay`` read the root's address when none is given.
 ENV_RELAY = "TUIMON_RELAY"
 
@@ -120,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda *_: stop.set())
-    relay.serve(stop)
+    with stopped_by_signals(stop, (*STOP_SIGNALS, signal.SIGHUP)):
+        relay.serve(stop)
     return 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -22,14 +21,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from tuimon.commands._options import add_keys_option, keys_from
+from tuimon.commands._receiving import receive_until, stopped_by_signals
 
 if TYPE_CHECKING:
     from publisher.wire.protocol import ProtocolError
     from tuimon.sources.receiver import MessageSink
     from tuimon.store import SourceStatus
-
-#: Signals that end the command cleanly (exit 0), as --for running out does.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _EXAMPLES = """\
 examples:
@@ -81,37 +78,24 @@ def _seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    import zmq
-
-    from tuimon.errors import UserError
     from tuimon.sources.live import listen_targets
-    from tuimon.sources.receiver import Receiver
 
     # A bad address or an unusable registry folder fails here, as one line, before any socket.
     endpoints, registry_dir = listen_targets([] if args.address is None else [args.address])
     keys, explicit = keys_from(args)
     stop = threading.Event()
     printer = LinePrinter(sys.stdout.buffer, sys.stderr, on_closed=stop.set)
-    # Ctrl-C and SIGTERM end the command like --for does: sockets closed, summary printed, exit 0.
-    previous = {signum: signal.signal(signum, lambda *_: stop.set()) for signum in _STOP_SIGNALS}
     timer = threading.Timer(args.duration, stop.set) if args.duration is not None else None
-    context = zmq.Context()
-    try:
-        receiver = Receiver(printer, context, endpoints=endpoints, registry_dir=registry_dir, keys=keys,
-                            explicit_keys=explicit)
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
-        receiver.run(stop)
-    except zmq.ZMQError as exc:
-        problem = zmq.strerror(exc.errno) if exc.errno is not None else str(exc)
-        raise UserError(f"cannot listen to {', '.join(endpoints)}: {problem}") from None
-    finally:
-        if timer is not None:
-            timer.cancel()
-        context.destroy(linger=0)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    # Ctrl-C and SIGTERM end the command like --for does: sockets closed, summary printed, exit 0.
+    with stopped_by_signals(stop):
+        try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            receive_until(stop, printer, endpoints, registry_dir, keys, explicit)
+        finally:
+            if timer is not None:
+                timer.cancel()
     print(f"tuimon tail: {printer.summary()}", file=sys.stderr, flush=True)
     return 0
 
