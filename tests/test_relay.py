@@ -786,3 +786,44 @@ def test_a_frozen_viewer_slows_neither_the_relays_nor_the_training(
             frozen.send_signal(signal.SIGCONT)
             frozen.terminate()
             frozen.wait(timeout=10)
+
+
+def test_tail_at_the_root_prints_the_job_view_by_default_and_every_ranks_stream_with_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a relay, `tuimon tail` takes what the job view takes (summaries, and rank 0's own
+    metrics); `--all` takes every rank's metrics too, for scripts that want them."""
+    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, _):
+        stop = threading.Event()
+
+        def publish() -> None:
+            step = 0
+            while not stop.wait(0.05):
+                step += 1
+                for publisher in publishers:
+                    publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
+
+        feeder = threading.Thread(target=publish, daemon=True)
+        feeder.start()
+        try:
+            tails = [
+                subprocess.Popen([*TUIMON, "tail", root_address, *extra, "--for", "6"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for extra in ([], ["--all"])
+            ]
+            outputs = [tail.communicate(timeout=60) for tail in tails]
+        finally:
+            stop.set()
+            feeder.join(timeout=5)
+    (job, job_err), (every, every_err) = outputs
+    job_lines = [json.loads(line) for line in job.splitlines()]
+    every_lines = [json.loads(line) for line in every.splitlines()]
+    assert any(m["type"] == "summary" for m in job_lines), job_err.decode()
+    # A viewer takes everything until it hears it is at a relay (its beat), then switches topics;
+    # give the switch a second to travel up the tree.
+    switched = next(m["ts"] for m in job_lines if m["type"] == "relay") + 1.0
+    after = {m["rank"] for m in job_lines if m["type"] == "metrics" and m["ts"] > switched}
+    assert after == {0}, "only the focused rank's metrics"
+    heard = next(m["ts"] for m in every_lines if m["type"] == "relay") + 1.0
+    later = {m["rank"] for m in every_lines if m["type"] == "metrics" and m["ts"] > heard}
+    assert later == {0, 1, 2, 3}, every_err.decode()

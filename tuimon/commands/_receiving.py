@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from publisher.wire.curve import JobKeys
     from tuimon.sources.receiver import MessageSink
+    from tuimon.sources.subscriptions import Subscriptions
 
 #: Signals that end a listening command cleanly (exit 0), as Ctrl-C does.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -37,6 +38,7 @@ def receive_until(
     registry_dir: Path | None,
     keys: JobKeys | None,
     explicit_keys: bool,
+    subscriptions: Subscriptions | None = None,
 ) -> None:
     """Feed ``sink`` from ``endpoints`` (or the runs registered in ``registry_dir``) until ``stop``
     is set; an endpoint that cannot even be connected to is a one-line error."""
@@ -48,7 +50,7 @@ def receive_until(
     context = zmq.Context()
     try:
         Receiver(sink, context, endpoints=endpoints, registry_dir=registry_dir, keys=keys,
-                 explicit_keys=explicit_keys).run(stop)
+                 explicit_keys=explicit_keys, subscriptions=subscriptions).run(stop)
     except zmq.ZMQError as exc:
         problem = zmq.strerror(exc.errno) if exc.errno is not None else str(exc)
         raise UserError(f"cannot listen to {', '.join(endpoints)}: {problem}") from None

@@ -62,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="stop after this many seconds (default: run until interrupted)",
     )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="through a relay, every rank's every message (by default a relay sends what the job "
+        "view takes: node summaries, events, starts and ends, and rank 0's full stream)",
+    )
     add_keys_option(parser)
     parser.set_defaults(handler=run)
 
@@ -79,6 +85,7 @@ def _seconds(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from tuimon.sources.live import listen_targets
+    from tuimon.sources.subscriptions import Subscriptions
 
     # A bad address or an unusable registry folder fails here, as one line, before any socket.
     endpoints, registry_dir = listen_targets([] if args.address is None else [args.address])
@@ -92,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
             if timer is not None:
                 timer.daemon = True
                 timer.start()
-            receive_until(stop, printer, endpoints, registry_dir, keys, explicit)
+            subscriptions = Subscriptions(follow_relays=not args.all)
+            receive_until(stop, printer, endpoints, registry_dir, keys, explicit, subscriptions)
         finally:
             if timer is not None:
                 timer.cancel()

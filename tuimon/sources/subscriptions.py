@@ -28,7 +28,9 @@ class Subscriptions:
     receiver's thread calls :meth:`heard` for each message and applies :meth:`topics` when it
     changed."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, follow_relays: bool = True) -> None:
+        """``follow_relays`` False keeps every message even from a relay (``tuimon tail --all``)."""
+        self.follow_relays = follow_relays
         self.job = False
         self._focus: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -50,7 +52,7 @@ class Subscriptions:
         (from its first message, so that the switch to job topics keeps every known run's focused
         stream without a moment unsubscribed)."""
         if msg_type == "relay":
-            if not self.job:
+            if self.follow_relays and not self.job:
                 with self._lock:
                     self.job = self._changed = True
         elif run not in self._focus:
