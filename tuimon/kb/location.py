@@ -10,11 +10,11 @@ from __future__ import annotations
 import getpass
 import os
 import stat
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuimon.config import config_path, load_config
 from tuimon.errors import UserError
 
 KB_ENV = "TUIMON_KB"
@@ -43,12 +43,6 @@ class KbLocation:
         return self.path / RUNBOOKS_DIR
 
 
-def config_path(env: Mapping[str, str] = os.environ) -> Path:
-    """``$XDG_CONFIG_HOME/tuimon/config.toml``, else ``~/.config/tuimon/config.toml``."""
-    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
-    return Path(base) / "tuimon" / "config.toml"
-
-
 def default_kb_dir(env: Mapping[str, str] = os.environ) -> Path:
     """``$XDG_DATA_HOME/tuimon/kb``, else ``~/.local/share/tuimon/kb``: a single user's default."""
     base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
@@ -68,29 +62,19 @@ def resolve_location(
     if env.get(KB_ENV):
         return KbLocation(Path(env[KB_ENV]).expanduser().absolute(), f"${KB_ENV}")
     config = config_path(env)
-    configured = _configured_kb_dir(config)
+    configured = _configured_kb_dir(env)
     if configured is not None:
         path = configured if configured.is_absolute() else config.parent / configured
         return KbLocation(path.absolute(), f"{CONFIG_KEY} in {config}")
     return KbLocation(default_kb_dir(env).absolute(), "default")
 
 
-def _configured_kb_dir(config: Path) -> Path | None:
-    try:
-        text = config.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise UserError(f"cannot read the config file {config}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{config}: not valid TOML ({exc})") from None
-    value = data.get(CONFIG_KEY)
+def _configured_kb_dir(env: Mapping[str, str]) -> Path | None:
+    value = load_config(env).get(CONFIG_KEY)
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise UserError(f"{config}: '{CONFIG_KEY}' must be a folder path (a non-empty string)")
+        raise UserError(f"{config_path(env)}: '{CONFIG_KEY}' must be a folder path (a non-empty string)")
     return Path(value).expanduser()
 
 
