@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from conftest import RawPublisher, synthetic_run, wait_for_screen, write_recording
+from conftest import RawPublisher, RunBuilder, synthetic_run, wait_for_screen, write_recording
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widget import Widget
@@ -23,6 +23,7 @@ from tuimon.ui.dashboard.events import EventLog
 from tuimon.ui.dashboard.gpu import GpuCard, GpuPanel
 from tuimon.ui.dashboard.header import RunHeader
 from tuimon.ui.dashboard.invariants import InvariantTable
+from tuimon.ui.dashboard.table import TablePanel
 from tuimon.ui.event_detail import EventDetailScreen
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.screen import IncidentScreen
@@ -89,7 +90,7 @@ async def test_dashboard_shows_a_whole_run(recording: Path) -> None:
         invariants = app.query_one(InvariantTable)
         assert cell(invariants, "grads_cleared", "status") == "✖ VIOLATED"
         assert cell(invariants, "optimizer_changes_params", "status") == "✔ ok"
-        assert "1 VIOLATED" in invariants.border_title
+        assert "1 VIOLATED" in str(invariants.framed_by.border_title)
         events = app.query_one(EventLog)
         assert events.row_count == 2
         assert cell(events, "0-1", "count") == "×2" and cell(events, "0-1", "severity") == "▲ WARN"
@@ -350,7 +351,7 @@ async def test_a_frame_drawn_before_the_table_measures_its_rows_does_not_cut_the
 
     class OneLog(App):
         def compose(self) -> ComposeResult:
-            yield EventLog()
+            yield TablePanel(EventLog())
 
     message = "loss 43.8 at step 168, rank 0 is 56.3x its recent mean"
     async with OneLog().run_test(size=(160, 12)) as pilot:
@@ -378,3 +379,38 @@ def test_chart_envelope_keeps_spikes_and_bounds_the_points() -> None:
     xs, ys = envelope(steps, values, 150)
     assert len(xs) <= 300 and max(ys) == 80.0 and xs[ys.index(80.0)] == 123_457
     assert all(math.isfinite(y) for y in ys) and xs == sorted(xs)
+
+
+async def test_a_small_terminal_shows_one_panel_at_a_time_with_every_message_whole(tmp_path: Path) -> None:
+    """At 80x24 the four panels cannot share the screen: one fills it, the tab bar names the
+    others, v and the panels' own keys bring them forward, and a row's whole message (with its
+    brackets: a peer's text is never read as markup) wraps on the detail line."""
+    messages = synthetic_run(steps=200)
+    long = "[simulated GPUs] " + "GPU 2 averaged 10% busy while the others ran at 94% " * 2
+    event = RunBuilder("synthetic").event(199, "0-9", "gpu_imbalance", "warning", long)
+    messages.insert(-1, event | {"ts": messages[-2]["ts"]})
+    for seq, message in enumerate(messages):
+        message["seq"] = seq
+    recording = write_recording(tmp_path / "run.jsonl", messages)
+    app = TuimonApp(ReplaySource([recording], speed=math.inf))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await played_to_end(app, pilot)
+        shown = lambda: {w.id for w in app.query("#gpus, #chart, #invariants-panel, #events-panel") if w.display}  # noqa: E731
+        assert shown() == {"chart"} and app.query_one("#header").region.y == 0  # nothing scrolled off
+        assert "v" in {key for key, b in app.screen.active_bindings.items() if b.binding.show}
+        for expected in ("gpus", "invariants-panel", "events-panel", "chart"):
+            await pilot.press("v")
+            assert shown() == {expected}
+        await pilot.press("e")
+        assert shown() == {"events-panel"} and app.focused is app.query_one(EventLog)
+        await pilot.press("end")  # (replay: to the end; the cursor follows the newest event)
+        detail = app.query_one("#events-panel .row-detail")
+        await wait_for_screen(pilot, lambda: "gpu_imbalance" in str(detail.visual), what="the detail line")
+        assert " ".join(str(detail.visual).split()).endswith(" ".join(long.split()))
+        assert detail.size.height >= 2  # wrapped, not cut
+        await pilot.press("g")
+        assert shown() == {"chart"} and app.query_one(MetricChart).metric == "grad_norm"
+        await pilot.resize_terminal(160, 48)  # wide again: all four, and v is no longer offered
+        await pilot.pause(0.2)
+        assert shown() == {"gpus", "chart", "invariants-panel", "events-panel"}
+        assert "v" not in {key for key, b in app.screen.active_bindings.items() if b.binding.show}

@@ -136,6 +136,19 @@ def test_dashboard_replay(snap_compare: Snap, theme: str, size: tuple[int, int])
     assert snap_compare(replay_app(theme), terminal_size=size, run_before=replay_to_end)
 
 
+@pytest.mark.parametrize("view_key", ["v", "e"], ids=["gpus", "events"])
+def test_small_terminal_views(snap_compare: Snap, view_key: str) -> None:
+    """At 80x24 the dashboard shows one panel at a time: the GPUs, and the events with the
+    selected one's whole message on the detail line."""
+
+    async def view(pilot: Pilot) -> None:
+        await replay_to_end(pilot)
+        await pilot.press(view_key)
+        await pilot.pause(0.3)
+
+    assert snap_compare(replay_app(), terminal_size=SIZES["80x24"], run_before=view)
+
+
 @pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
 def test_dashboard_live(snap_compare: Snap, fixed_paths: None, size: tuple[int, int]) -> None:
     """The recording sent on a real PUB socket, received by the real live source."""

@@ -19,12 +19,14 @@ import contextlib
 from collections.abc import Iterable
 from typing import ClassVar
 
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
+from textual.geometry import Size
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable, Footer, Tab, Tabs
 
 from tuimon.sources.base import RankFocus, ReplayControls, Source
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
@@ -35,6 +37,7 @@ from tuimon.ui.dashboard.gpu import GpuPanel
 from tuimon.ui.dashboard.header import RunHeader
 from tuimon.ui.dashboard.invariants import InvariantTable
 from tuimon.ui.dashboard.status import StatusLine
+from tuimon.ui.dashboard.table import TablePanel
 from tuimon.ui.event_detail import CONTEXT_STEPS, EventDetailScreen
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.screen import IncidentScreen, key_sections
@@ -44,6 +47,13 @@ from tuimon.ui.job.screen import key_section as job_key_section
 from tuimon.ui.services.kb_link import KbLink
 from tuimon.ui.themes import DEFAULT_THEME, THEME_ORDER, load_themes
 
+#: The smallest terminal (columns, rows) that shows the four panels at once; below it the dashboard
+#: shows one at a time, with a tab bar (GPU cards need 64 columns, the chart and tables ~50 more;
+#: the GPU and chart row needs 24 rows, the tables ~10).
+WIDE_LAYOUT = (116, 38)
+#: The compact layout's views, in tab order, and the panel each shows.
+VIEWS = {"chart": "Charts", "gpus": "GPUs", "invariants": "Invariants", "events": "Events"}
+_VIEW_PANELS = {"chart": "chart", "gpus": "gpus", "invariants": "invariants-panel", "events": "events-panel"}
 #: Redraw rates (Hz): numbers and tables; charts (a plotext redraw costs far more).
 NUMBERS_HZ = 4.0
 CHARTS_HZ = 1.25
@@ -53,7 +63,7 @@ _REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_t
 #: screen (on a screen pushed over it their keys mean something else there, or nothing).
 _DASHBOARD_ACTIONS = frozenset(
     {"next_run", "chart", "next_chart", "focus_events", "event_details", "incidents", "open_incident",
-     "job", "all_ranks"}
+     "job", "all_ranks", "next_view"}
     | _REPLAY_ACTIONS
 )
 
@@ -70,16 +80,31 @@ class TuimonApp(App[None]):
     #bottom {
         height: 1fr;
     }
-    GpuPanel {
+    #gpus {
         width: 64;
     }
-    InvariantTable {
+    #invariants-panel {
         width: 72;
+    }
+    #views {
+        display: none;
+        height: 1;
+    }
+    .-compact #views {
+        display: block;
+    }
+    .-compact #top, .-compact #bottom {
+        height: 1fr;
+    }
+    .-compact #gpus, .-compact #invariants-panel {
+        width: 1fr;
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?", tooltip="This list of keys"),
+        Binding("v", "next_view", "View",
+                tooltip="Next panel on a small terminal: chart, GPUs, invariants, events"),
         Binding("t", "next_theme", "Theme", tooltip="Next theme: dark, light, high contrast"),
         Binding("r", "next_run", "Run", tooltip="Show the next run (when several are watched)"),
         Binding("l", "chart('loss')", "Loss", tooltip="Chart the loss"),
@@ -128,21 +153,75 @@ class TuimonApp(App[None]):
         #: The incident knowledge base (``kb_dir``, else $TUIMON_KB, config, default), opened off
         #: the UI thread; "seen before" is offered for new events, the incident screen uses it.
         self.kb_link = KbLink(kb_dir)
+        #: The panel shown in the compact layout (:data:`VIEWS`).
+        self.view = "chart"
 
     # ------------------------------------------------------------------------------------ layout
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
+        views = Tabs(*(Tab(label, id=f"view-{name}") for name, label in VIEWS.items()), id="views")
+        views.can_focus = False  # its left/right would take the replay's seek keys
+        yield views
         with Horizontal(id="top"):
             yield GpuPanel(id="gpus")
             yield MetricChart(id="chart")
         with Horizontal(id="bottom"):
-            yield InvariantTable(id="invariants")
-            yield EventLog(id="events")
+            yield TablePanel(InvariantTable(id="invariants"), id="invariants-panel")
+            yield TablePanel(EventLog(id="events"), id="events-panel")
         yield StatusLine(id="status")
         yield Footer(compact=True)
 
+    # ---------------------------------------------------------------------- small terminals
+
+    @property
+    def compact(self) -> bool:
+        """True on a terminal too small for the four panels side by side (80x24 is the classic)."""
+        return self.screen_stack[0].has_class("-compact")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._lay_out(event.size)  # (the app's own size is updated after this handler)
+
+    def _lay_out(self, size: Size) -> None:
+        """Wide: the four panels at once. Compact: one panel at a time, the whole screen's, chosen
+        on the tab bar (``v``, a click, or the key of what it shows: l/g/s/c, e)."""
+        compact = size.width < WIDE_LAYOUT[0] or size.height < WIDE_LAYOUT[1]
+        dashboard = self.screen_stack[0]
+        if dashboard.has_class("-compact") != compact:
+            dashboard.set_class(compact, "-compact")
+            self.refresh_bindings()  # the footer offers v only in the compact layout
+        shown = {name: not compact or name == self.view for name in VIEWS}
+        for name, panel_id in _VIEW_PANELS.items():
+            dashboard.query_one(f"#{panel_id}").display = shown[name]
+        dashboard.query_one("#top").display = shown["chart"] or shown["gpus"]
+        dashboard.query_one("#bottom").display = shown["invariants"] or shown["events"]
+        if compact:
+            dashboard.query_one(Tabs).active = f"view-{self.view}"
+
+    def show_view(self, name: str) -> None:
+        """Bring ``name``'s panel forward (compact layout; in the wide one every panel is shown)."""
+        self.view = name
+        if not self.compact:
+            return
+        self._lay_out(self.size)
+        table = {"events": EventLog, "invariants": InvariantTable}.get(name)
+        if table is not None:
+            self.query_one(table).focus()
+        else:
+            self.set_focus(None)  # a hidden table's cursor would move unseen
+
+    def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
+        if event.tabs.id == "views" and event.tab.id is not None:
+            name = event.tab.id.removeprefix("view-")
+            if name != self.view:
+                self.show_view(name)
+
+    def action_next_view(self) -> None:
+        names = list(VIEWS)
+        self.show_view(names[(names.index(self.view) + 1) % len(names)])
+
     def on_mount(self) -> None:
+        self._lay_out(self.size)
         self.theme = self._initial_theme
         self.source.start()
         self.kb_link.start(self)
@@ -245,6 +324,8 @@ class TuimonApp(App[None]):
             return self.run_name is not None and self.store.versions(self.run_name)["nodes"] != 0
         if action == "all_ranks":
             return self.focus_rank is not None
+        if action == "next_view":
+            return self.compact
         return True
 
     def action_help(self) -> None:
@@ -291,6 +372,7 @@ class TuimonApp(App[None]):
         if metric == "throughput":
             metric = next((name for name in THROUGHPUT_METRICS if name in chart.names), THROUGHPUT_METRICS[0])
         chart.metric = metric
+        self.show_view("chart")
         self.refresh_chart()
 
     def action_next_chart(self) -> None:
@@ -299,6 +381,7 @@ class TuimonApp(App[None]):
         if names:
             position = names.index(chart.metric) if chart.metric in names else -1
             chart.metric = names[(position + 1) % len(names)]
+            self.show_view("chart")
             self.refresh_chart()
 
     def action_job(self) -> None:
@@ -333,6 +416,7 @@ class TuimonApp(App[None]):
         self.focus_on(None)
 
     def action_focus_events(self) -> None:
+        self.show_view("events")
         self.query_one(EventLog).focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -341,7 +425,7 @@ class TuimonApp(App[None]):
 
     def selected_event(self) -> EventRecord | None:
         """The event under the event log's cursor."""
-        event_id = self.query_one(EventLog).selected_id
+        event_id = self.query_one(EventLog).highlighted_key
         if self.run_name is None or event_id is None:
             return None
         return self.store.event(self.run_name, event_id)

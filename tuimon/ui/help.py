@@ -15,7 +15,7 @@ from textual.widgets import Static
 _LEGEND = """\
 [b]Symbols[/b]
   ✖ CRIT  ▲ WARN  ● info        event severity (colour is only a second hint)
-  ✔ ok  ✖ VIOLATED  ○ not yet checked   invariant status
+  ✔ ok  ✖ VIOLATED  ○ unchecked   invariant status (tab: read one whole)
   ● LIVE  ◌ STALE (no heartbeat for 3 s)  ■ ENDED   connection state
   ◀ OUTLIER   a GPU far from the others;  ⚠ THROTTLE  a GPU slowed down (reason shown)
   vertical lines on the chart mark the steps of events

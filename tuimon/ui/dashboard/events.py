@@ -7,6 +7,9 @@ moved it up to read something.
 
 from __future__ import annotations
 
+from rich.text import Text
+from textual.content import Content
+
 from tuimon.store import EventRecord
 from tuimon.ui.dashboard.table import RowTable
 from tuimon.ui.format import severity
@@ -18,32 +21,20 @@ MAX_ROWS = 500
 _COLUMNS = (
     ("severity", "sev", 6),
     ("step", "step", 8),
-    ("kind", "kind", 18),
+    ("kind", "kind", None),
     ("count", "count", 5),
     ("message", "message", None),
 )
 
 
 class EventLog(RowTable):
-    DEFAULT_CSS = """
-    EventLog {
-        border: round $primary 50%;
-        border-title-color: $primary;
-        border-title-style: bold;
-        height: 1fr;
-    }
-    EventLog:focus {
-        border: round $accent;
-    }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._shown: dict[str, EventRecord] = {}
 
     def on_mount(self) -> None:
-        self.border_title = "Events"
-        self.border_subtitle = "enter: details"
+        self.framed_by.border_title = "Events"
+        self.framed_by.border_subtitle = "enter: details"
         for key, label, width in _COLUMNS:
             self.add_column(label, key=key, width=width)
 
@@ -51,13 +42,13 @@ class EventLog(RowTable):
         self.clear()
         self._shown = {}
 
-    @property
-    def selected_id(self) -> str | None:
-        """The id of the event under the cursor, if any."""
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
-        return key.value
+    def row_detail(self, key: str) -> Content:
+        record = self._shown.get(key)
+        if record is None:
+            return Content("")
+        step = "" if record.step is None else f"at step {record.step:,} "
+        head = Content.assemble(severity(record.severity), " ", (record.kind, "bold"), " ")
+        return head + Content(f"{step}×{record.count}: {record.message}")
 
     def show(self, records: list[EventRecord]) -> None:
         """Add new episodes, update repeated ones in place; keep the latest :data:`MAX_ROWS`."""
@@ -69,14 +60,14 @@ class EventLog(RowTable):
                 self.add_row(
                     severity(record.severity),
                     "—" if record.step is None else f"{record.step:,}",
-                    record.kind,
+                    Text(record.kind),  # a peer's text: never read as markup
                     f"×{record.count}",
-                    record.message,
+                    Text(record.message),
                     key=record.id,
                 )
             elif old != record:
                 self.update_cell(record.id, "count", f"×{record.count}")
-                self.update_cell(record.id, "message", record.message, update_width=True)
+                self.update_cell(record.id, "message", Text(record.message), update_width=True)
                 self.update_cell(record.id, "severity", severity(record.severity))
             self._shown[record.id] = record
         for old_id in list(self._shown)[: max(0, len(self._shown) - MAX_ROWS)]:  # the oldest go
@@ -88,5 +79,5 @@ class EventLog(RowTable):
         title = f"Events ({len(records):,}, {critical:,} critical)" if records else "Events"
         if len(records) > len(self._shown):
             title += f"  latest {len(self._shown):,} shown"
-        self.border_title = title
+        self.framed_by.border_title = title
         self.rows_changed()

@@ -6,58 +6,65 @@ cleared on a tick, so the cursor and scroll position stay where the user left th
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from rich.text import Text
+from textual.binding import BindingType
 from textual.content import Content
 
 from tuimon.store import InvariantRecord
-from tuimon.ui.dashboard.table import RowTable
+from tuimon.ui.dashboard.table import NAVIGATION, RowTable
 from tuimon.ui.format import labelled
 
 _STATUS = {
     "ok": ("✔ ok", "$success"),
     "violated": ("✖ VIOLATED", "bold reverse $error"),
-    "unchecked": ("○ not yet checked", "$foreground 60%"),
+    "unchecked": ("○ unchecked", "$foreground 60%"),
 }
-_COLUMNS = (("status", 19), ("name", 22), ("since", 8), ("message", None))
+_COLUMNS = (("status", 11), ("name", None), ("since", 7), ("message", None))
 
 
 def invariant_label(status: str) -> Content:
     return labelled(status, _STATUS)
 
 
-class InvariantTable(RowTable):
-    DEFAULT_CSS = """
-    InvariantTable {
-        border: round $primary 50%;
-        border-title-color: $primary;
-        border-title-style: bold;
-        height: 1fr;
-    }
-    """
+class InvariantTable(RowTable, inherit_bindings=False):
+    """Read at a glance; tab moves the cursor here to read a row's message on the detail line."""
 
-    # Read at a glance, not navigated: focus stays on the event log, whose keys are in the footer.
-    can_focus = False
+    BINDINGS: ClassVar[list[BindingType]] = NAVIGATION
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._shown: dict[str, InvariantRecord] = {}
 
     def on_mount(self) -> None:
-        self.border_title = "Invariants (none reported yet)"
+        self.framed_by.border_title = "Invariants (none reported yet)"
         for key, width in _COLUMNS:
             self.add_column(key, key=key, width=width)
 
     def reset(self) -> None:
         self.clear()
         self._shown = {}
-        self.border_title = "Invariants (none reported yet)"
+        self.framed_by.border_title = "Invariants (none reported yet)"
+
+    def row_detail(self, key: str) -> Content:
+        record = self._shown.get(key)
+        if record is None:
+            return Content("")
+        since = "" if record.step is None else f" (step {record.step:,})"
+        head = Content.assemble(invariant_label(record.status), " ", (record.name, "bold"), since)
+        return head + Content(f": {record.message}")
 
     def show(self, records: list[InvariantRecord]) -> None:
+        """Add new invariants, update changed ones in place; a newly violated one is put under the
+        cursor (its message on the detail line) unless the user is reading this table."""
+        newly_violated = None
         for record in sorted(records, key=lambda r: r.name):
             cells = {
                 "status": invariant_label(record.status),
-                "name": record.name,
+                "name": Text(record.name),  # a peer's text: never read as markup
                 "since": "—" if record.step is None else f"{record.step:,}",
-                "message": record.message,
+                "message": Text(record.message),
             }
             old = self._shown.get(record.name)
             if old is None:
@@ -65,10 +72,15 @@ class InvariantTable(RowTable):
             elif old != record:
                 for column, value in cells.items():
                     self.update_cell(record.name, column, value, update_width=True)
+            if record.status == "violated" and (old is None or old.status != "violated"):
+                newly_violated = newly_violated or record.name
             self._shown[record.name] = record
+        if newly_violated is not None and not self.has_focus:
+            self.move_cursor(row=self.get_row_index(newly_violated))
         violated = sum(r.status == "violated" for r in records)
         if violated:
-            self.border_title = f"Invariants  ✖ {violated} VIOLATED"
+            title = f"Invariants  ✖ {violated} VIOLATED"
         else:
-            self.border_title = "Invariants" if records else "Invariants (none reported yet)"
+            title = "Invariants" if records else "Invariants (none reported yet)"
+        self.framed_by.border_title = title
         self.rows_changed()

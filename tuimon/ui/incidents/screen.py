@@ -450,10 +450,12 @@ class IncidentScreen(Screen[None]):
         self.query_one(IncidentList).focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action not in _ON_INCIDENT:
+            return True
+        if not self.is_mounted:
+            return None  # asked while the screen is still being built (a resize refreshes keys)
         nothing = self.selected_number() is None or (action == "attach" and self.context is None)
-        if action in _ON_INCIDENT and nothing:
-            return None  # shown, dimmed: there is nothing to act on yet
-        return True
+        return None if nothing else True  # shown, dimmed: there is nothing to act on yet
 
     def action_back(self) -> None:
         search = self.query_one("#kb-search", Input)
