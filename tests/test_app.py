@@ -395,7 +395,8 @@ async def test_a_small_terminal_shows_one_panel_at_a_time_with_every_message_who
     app = TuimonApp(ReplaySource([recording], speed=math.inf))
     async with app.run_test(size=(80, 24)) as pilot:
         await played_to_end(app, pilot)
-        shown = lambda: {w.id for w in app.query("#gpus, #chart, #invariants-panel, #events-panel") if w.display}  # noqa: E731
+        panels = "#gpus, #chart, #invariants-panel, #events-panel"
+        shown = lambda: {w.id for w in app.query(panels) if w.display}  # noqa: E731
         assert shown() == {"chart"} and app.query_one("#header").region.y == 0  # nothing scrolled off
         assert "v" in {key for key, b in app.screen.active_bindings.items() if b.binding.show}
         for expected in ("gpus", "invariants-panel", "events-panel", "chart"):
