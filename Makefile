@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,transformers,lightning,pytorch-lightning]'
 	touch $(STAMP)
 
 demo: $(STAMP)

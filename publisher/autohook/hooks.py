@@ -67,20 +67,6 @@ def record_path(prefix: str, rank: int, pid: int) -> str:
     return f"{prefix}.rank{rank}.pid{pid}.jsonl"
 
 
-def endpoint_for(endpoint: str | None, local_rank: int) -> str | None:
-    """The PUB address of one process: a fixed TCP port is shifted by the local rank.
-
-    Several processes on a node cannot bind one port; ``tcp://127.0.0.1:5555`` thus becomes
-    5555 for local rank 0, 5556 for local rank 1, and so on. Other addresses are used as given.
-    """
-    if not endpoint or not endpoint.startswith("tcp://") or local_rank == 0:
-        return endpoint
-    address, _, port = endpoint.rpartition(":")
-    if not port.isdigit():
-        return endpoint
-    return f"{address}:{int(port) + local_rank}"
-
-
 class _Session:
     """What one process has seen since its last training step, and its Monitor once it trains."""
 
@@ -101,7 +87,7 @@ class _Session:
         self.depth = 0
 
     def start_monitor(self, optimizer: Any) -> None:
-        from publisher.collect.identity import default_rank
+        from publisher.collect.identity import default_rank, endpoint_for
         from publisher.monitor import Monitor
 
         # By the first optimizer step torch.distributed is initialised, so the rank is known.
@@ -154,15 +140,11 @@ class _Session:
             self.stop(exc)
 
     def _take_loss(self) -> Any:
+        from publisher.collect.readings import step_loss
+
         losses = list(self.losses)
         self.losses.clear()
-        if not losses:
-            return None
-        if len(losses) == 1:
-            return losses[0]
-        import torch
-
-        return torch.stack([loss.reshape(()).float() for loss in losses]).mean()
+        return step_loss(losses)
 
 
 _session = _Session()
@@ -202,6 +184,8 @@ def _instrument(torch: ModuleType) -> None:
     backward.__doc__ = original_backward.__doc__
     torch.Tensor.backward = backward
 
+    from publisher.collect.batches import batch_size
+
     original_next = _BaseDataLoaderIter.__next__
 
     def next_batch(self: Any) -> Any:
@@ -209,7 +193,7 @@ def _instrument(torch: ModuleType) -> None:
         index = getattr(self, "_num_yielded", None)
         batch = original_next(self)
         _session.data_time += time.perf_counter() - started
-        _session.samples += _batch_size(batch)
+        _session.samples += batch_size(batch)
         _session.batches.append((_passes_of(self, index), batch))
         return batch
 
@@ -227,16 +211,6 @@ def _passes_of(iterator: Any, index: int | None) -> LoaderPasses:
     if not index:
         passes.new_pass()
     return passes
-
-
-def _batch_size(batch: Any) -> int:
-    """Samples in a batch: the leading dimension of its first tensor (0 when there is none)."""
-    while isinstance(batch, list | tuple) and batch:
-        batch = batch[0]
-    if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
-    shape = getattr(batch, "shape", None)
-    return int(shape[0]) if shape else 0
 
 
 class _InstrumentTorchOnImport(importlib.abc.MetaPathFinder):

@@ -62,6 +62,13 @@ def fingerprint(tensor: torch.Tensor) -> int | None:
     return hash((tensor.shape, tensor.dtype, sample.tobytes()))
 
 
+def batch_size(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor (0 when there is none), for
+    ``samples_per_s`` where the loop does not say (``tuimon run``, the framework callbacks)."""
+    tensor = _first_tensor(batch)
+    return int(tensor.shape[0]) if tensor is not None and tensor.dim() else 0
+
+
 def _first_tensor(batch: Any, depth: int = 0) -> torch.Tensor | None:
     """The first tensor in a batch: itself, or the first in a tuple, list or dict (nested a little)."""
     if isinstance(batch, torch.Tensor):

@@ -50,6 +50,20 @@ def local_rank() -> int:
     return env_int("LOCAL_RANK") or 0
 
 
+def endpoint_for(endpoint: str | None, local_rank: int) -> str | None:
+    """The PUB address of one process: a fixed TCP port is shifted by the local rank.
+
+    Several processes on a node cannot bind one port; ``tcp://127.0.0.1:5555`` thus becomes
+    5555 for local rank 0, 5556 for local rank 1, and so on. Other addresses are used as given.
+    """
+    if not endpoint or not endpoint.startswith("tcp://") or local_rank == 0:
+        return endpoint
+    address, _, port = endpoint.rpartition(":")
+    if not port.isdigit():
+        return endpoint
+    return f"{address}:{int(port) + local_rank}"
+
+
 def default_run_name() -> str:
     """``$TUIMON_RUN``, else a timestamp (set TUIMON_RUN so that all ranks share one name)."""
     return os.environ.get("TUIMON_RUN") or time.strftime("run-%Y%m%d-%H%M%S")

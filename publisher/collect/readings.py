@@ -7,6 +7,8 @@ Reading a CUDA scalar (``.item()``) waits for the GPU; so a number on the CPU is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from publisher.collect.batches import BatchPrint
@@ -31,3 +33,17 @@ class StepReadings:
             self.metrics[name] = value.item()
         else:
             self.waiting.append((name, value))
+
+
+def step_loss(losses: Sequence[torch.Tensor], *, shares: bool = False) -> torch.Tensor | None:
+    """One optimizer step's loss from the losses of its micro-batches (gradient accumulation, a
+    closure evaluated several times), combined on their device without reading them: their mean,
+    or their sum when each is already its ``shares`` of the step's loss (divided by the number of
+    micro-batches, or normalised by the tokens of the whole accumulated batch). None when there
+    were none."""
+    if not losses:
+        return None
+    if len(losses) == 1:
+        return losses[0]
+    stacked = torch.stack([loss.reshape(()).float() for loss in losses])
+    return stacked.sum() if shares else stacked.mean()

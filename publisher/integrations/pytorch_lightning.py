@@ -1,0 +1,16 @@
+"""``TuimonCallback`` for ``pytorch_lightning.Trainer``: Lightning under its older package name.
+
+``pytorch_lightning.Trainer`` accepts only callbacks derived from ``pytorch_lightning.Callback``,
+so this is :mod:`publisher.integrations.lightning`'s callback on that base; the hooks are the same
+(:mod:`publisher.integrations.lightning_hooks`).
+"""
+
+from __future__ import annotations
+
+from pytorch_lightning import Callback
+
+from publisher.integrations.lightning_hooks import LightningHooks
+
+
+class TuimonCallback(LightningHooks, Callback):
+    """Watches a ``pytorch_lightning.Trainer`` run on this rank; takes ``Monitor``'s keyword arguments."""
