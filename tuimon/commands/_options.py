@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from publisher.wire.curve import JobKeys
+    from tuimon.notify.settings import NotifySettings
 
 KB_HELP = "incident knowledge base folder (default: $TUIMON_KB, config, ~/.local/share/tuimon/kb)"
 
@@ -43,3 +44,55 @@ def keys_from(args: argparse.Namespace) -> tuple[JobKeys | None, bool]:
         return load_keys(args.keys), args.keys is not None
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def add_notify_options(parser: argparse.ArgumentParser, *, desktop: bool) -> None:
+    """``--notify-cmd``, ``--notify-url``, ``--notify-level``, ``--notify-rate`` (and on the dashboard
+    ``--notify-desktop``): alerts for live events, over the ``[notify]`` table of the config file."""
+    from tuimon.notify.settings import DEFAULT_PER_MINUTE, DESKTOP_MODES, LEVELS
+
+    group = parser.add_argument_group(
+        "alerts",
+        "Live events at or above a severity, once an episode (not those of the snapshot on\n"
+        "joining), sent to a command and/or a webhook; defaults from [notify] in the config file\n"
+        "(keys cmd, url, level, per_minute" + (", desktop" if desktop else "") + "); options win.",
+    )
+    group.add_argument(
+        "--notify-cmd", metavar="CMD",
+        help="run CMD (split like a shell would, run without one) with the alert as JSON on stdin",
+    )
+    group.add_argument(
+        "--notify-url", metavar="URL",
+        help='POST the alert to a Slack-compatible webhook: {"text": ..., plus the event\'s fields}',
+    )
+    group.add_argument(
+        "--notify-level", choices=LEVELS,
+        help="the lowest severity that alerts (default warning)",
+    )
+    group.add_argument(
+        "--notify-rate", dest="notify_per_minute", type=int, metavar="N",
+        help=f"at most N alerts a minute, then one saying how many were held back "
+        f"(default {DEFAULT_PER_MINUTE})",
+    )
+    if desktop:
+        group.add_argument(
+            "--notify-desktop", choices=DESKTOP_MODES,
+            help="while the terminal is in the background: a desktop notification (OSC 9, default; "
+            "OSC 777 for urxvt/foot), a bell, or nothing",
+        )
+
+
+def notify_settings(args: argparse.Namespace) -> NotifySettings:
+    """The alert settings: the options of :func:`add_notify_options` over the config file's
+    ``[notify]``; a one-line error for a bad value, before anything is started."""
+    from tuimon.config import config_path, config_section
+    from tuimon.notify.settings import resolve
+
+    options = {
+        "cmd": args.notify_cmd,
+        "url": args.notify_url,
+        "level": args.notify_level,
+        "per_minute": args.notify_per_minute,
+        "desktop": getattr(args, "notify_desktop", None),
+    }
+    return resolve(options, config_section("notify"), str(config_path()))

@@ -6,6 +6,10 @@ viewer would have applied, in the same order: a late joiner's snapshot first, th
 newer than it. Only the sink differs: :class:`LinePrinter` writes each message instead of storing
 it. Messages that fail validation are counted by reason, never printed, so a consumer can trust
 every line.
+
+With ``--notify-*`` (or ``[notify]`` in the config file) live events also alert, headless, exactly
+as from the dashboard (:mod:`tuimon.notify`): the printer is wrapped, not replaced, and problems
+with the alerts are said on stderr like the other notices.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from tuimon.commands._options import add_keys_option, keys_from
+from tuimon.commands._options import add_keys_option, add_notify_options, keys_from, notify_settings
 from tuimon.commands._receiving import receive_until, stopped_by_signals
 
 if TYPE_CHECKING:
@@ -32,7 +36,8 @@ _EXAMPLES = """\
 examples:
   tuimon tail tcp://127.0.0.1:5555 | jq -c 'select(.type == "metrics") | [.step, .metrics.loss]'
   tuimon tail --for 10 > runs.jsonl      (ten seconds of every run on this host)
-  tuimon tail 5555 | head -3             (the run's start and its first messages)"""
+  tuimon tail 5555 | head -3             (the run's start and its first messages)
+  tuimon tail --notify-url https://hooks.slack.com/services/... > /dev/null   (alerts, headless)"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,6 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "view takes: node summaries, events, starts and ends, and rank 0's full stream)",
     )
     add_keys_option(parser)
+    add_notify_options(parser, desktop=False)
     parser.set_defaults(handler=run)
 
 
@@ -84,14 +90,20 @@ def _seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tuimon.notify.notifier import Notifier
+    from tuimon.notify.tap import AlertingSink
     from tuimon.sources.live import listen_targets
     from tuimon.sources.subscriptions import Subscriptions
 
-    # A bad address or an unusable registry folder fails here, as one line, before any socket.
+    # A bad address, an unusable registry folder or a bad alert setting fails here, as one line,
+    # before any socket.
     endpoints, registry_dir = listen_targets([] if args.address is None else [args.address])
     keys, explicit = keys_from(args)
+    alerts = notify_settings(args)
     stop = threading.Event()
     printer = LinePrinter(sys.stdout.buffer, sys.stderr, on_closed=stop.set)
+    notifier = Notifier(alerts, printer) if alerts.external else None
+    sink: MessageSink = printer if notifier is None else AlertingSink(printer, notifier)
     timer = threading.Timer(args.duration, stop.set) if args.duration is not None else None
     # Ctrl-C and SIGTERM end the command like --for does: sockets closed, summary printed, exit 0.
     with stopped_by_signals(stop):
@@ -99,11 +111,17 @@ def run(args: argparse.Namespace) -> int:
             if timer is not None:
                 timer.daemon = True
                 timer.start()
+            if notifier is not None:
+                notifier.start()
             subscriptions = Subscriptions(follow_relays=not args.all)
-            receive_until(stop, printer, endpoints, registry_dir, keys, explicit, subscriptions)
+            receive_until(stop, sink, endpoints, registry_dir, keys, explicit, subscriptions)
         finally:
             if timer is not None:
                 timer.cancel()
+            if notifier is not None:
+                notifier.close()
+    if notifier is not None:
+        print(f"tuimon tail: {notifier.summary()}", file=sys.stderr, flush=True)
     print(f"tuimon tail: {printer.summary()}", file=sys.stderr, flush=True)
     return 0
 

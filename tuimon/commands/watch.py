@@ -1,10 +1,20 @@
-"""``tuimon watch``: the live dashboard, on given endpoints or on every run registered here."""
+"""``tuimon watch``: the live dashboard, on given endpoints or on every run registered here.
+
+Live events can also alert beyond the screen (``--notify-*``, :mod:`tuimon.notify`), and the
+terminal is told when the dashboard is in the background (:mod:`tuimon.ui.services.desktop_notify`).
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from tuimon.commands._options import add_dashboard_options, add_keys_option, keys_from
+from tuimon.commands._options import (
+    add_dashboard_options,
+    add_keys_option,
+    add_notify_options,
+    keys_from,
+    notify_settings,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,14 +33,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--run", metavar="NAME", help="show only this run")
     add_dashboard_options(parser)
     add_keys_option(parser)
+    add_notify_options(parser, desktop=True)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuimon.sources.live import LiveSource
+    from tuimon.notify.tap import AlertingLiveSource
     from tuimon.ui.terminal import run_dashboard
 
-    # Bad endpoints and an unusable registry folder fail here, before the screen opens.
+    # Bad endpoints, an unusable registry folder and bad alert settings fail here, before the
+    # screen opens.
     keys, explicit = keys_from(args)
-    source = LiveSource(args.endpoints, run=args.run, keys=keys, explicit_keys=explicit)
-    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb)
+    alerts = notify_settings(args)
+    source = AlertingLiveSource(
+        args.endpoints, alerts=alerts, run=args.run, keys=keys, explicit_keys=explicit
+    )
+    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb, notifier=source.notifier)

@@ -16,8 +16,10 @@ from typing import Any
 
 from textual.app import App
 
+from tuimon.notify.notifier import Notifier
 from tuimon.sources.base import Source
 from tuimon.ui.app import TuimonApp
+from tuimon.ui.services.desktop_notify import notify_in_background
 from tuimon.ui.themes import DEFAULT_THEME, check_theme_name, load_themes
 
 #: Seconds the app gets to exit cleanly after its terminal went away, before the process is ended.
@@ -31,13 +33,17 @@ def run_dashboard(
     run: str | None = None,
     cleanup: Callable[[], None] | None = None,
     kb_dir: str | None = None,
+    notifier: Notifier | None = None,
 ) -> int:
     """Run the dashboard on ``source`` until the user quits or the terminal goes away (the
     commands' shared entry point). An unknown theme or a broken theme file is a UserError.
     ``cleanup`` runs if the process has to be ended hard (see :class:`TerminalWatch`); ``kb_dir``
-    is ``--kb`` (the incident knowledge base; None: $TUIMON_KB, config, default)."""
+    is ``--kb`` (the incident knowledge base; None: $TUIMON_KB, config, default). ``notifier``
+    (the source's alerts) also tells the terminal while the dashboard is in the background."""
     chosen = check_theme_name(theme or DEFAULT_THEME, load_themes())
     app = TuimonApp(source, theme=chosen, run=run, kb_dir=kb_dir)
+    if notifier is not None:
+        notify_in_background(app, notifier)
     stdin = sys.__stdin__
     terminal = stdin.fileno() if stdin is not None and os.isatty(stdin.fileno()) else None
     with TerminalWatch(app, terminal, cleanup):
