@@ -27,6 +27,7 @@ from tuimon.ui.dashboard.table import TablePanel
 from tuimon.ui.event_detail import EventDetailScreen
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.screen import IncidentScreen
+from tuimon.ui.layers.screen import LayerScreen
 
 SIZE = (160, 48)
 
@@ -246,6 +247,7 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "enter": lambda: isinstance(app.screen, EventDetailScreen),
             "i": lambda: isinstance(app.screen, IncidentScreen),
             "o": lambda: isinstance(app.screen, IncidentScreen),
+            "h": lambda: isinstance(app.screen, LayerScreen),
             "space": lambda: "PAUSED" in text(app, "#header"),
             "plus": lambda: "PAUSED max" not in text(app, "#header"),
             "minus": lambda: "64×" in text(app, "#header"),
@@ -267,6 +269,7 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "enter",
             "i",
             "o",
+            "h",
             "space",
             "minus",
             "plus",
@@ -275,7 +278,7 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "left",
             "end",
         ):
-            if isinstance(app.screen, (HelpScreen, EventDetailScreen, IncidentScreen)):
+            if isinstance(app.screen, (HelpScreen, EventDetailScreen, IncidentScreen, LayerScreen)):
                 await pilot.press("escape")
             if key == "c":
                 await pilot.press("l")  # the next chart after the loss is the lr

@@ -51,6 +51,7 @@ from tuimon.ui.job.grid import JobGrid
 from tuimon.ui.job.node_screen import NodeScreen, NodeTable
 from tuimon.ui.job.problem_list import ProblemList
 from tuimon.ui.job.screen import JobScreen
+from tuimon.ui.layers.screen import LayerScreen
 from tuimon.ui.themes import THEME_ORDER
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -196,6 +197,20 @@ def test_event_detail(snap_compare: Snap, size: tuple[int, int]) -> None:
         await pilot.pause(0.6)  # the dashboard behind, where it shows, repainted
 
     assert snap_compare(replay_app(), terminal_size=size, run_before=open_detail)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_layer_panel(snap_compare: Snap, size: tuple[int, int]) -> None:
+    """The demo's layers: gradient norms of its MLP over the run, the NaN step a red column."""
+
+    async def open_layers(pilot: Pilot) -> None:
+        await replay_to_end(pilot)
+        await pilot.press("h")
+        await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, LayerScreen), what="layers")
+        await pilot.press("enter")  # the history of the first layer
+        await pilot.pause(0.6)
+
+    assert snap_compare(replay_app(), terminal_size=size, run_before=open_layers)
 
 
 @pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())

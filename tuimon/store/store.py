@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from publisher.wire.protocol import ProtocolError, numbered_by_sender, read_number
 from tuimon.store.job import JobState, JobView
+from tuimon.store.layers import LayerHistory, LayerMatrix
 from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
 from tuimon.store.series import Ring, Series, share_of_points
 
@@ -48,7 +49,7 @@ _CHUNK_VALUES = 5_000
 #: Preferred throughput metrics, best first.
 THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s")
 #: Sections of a run that have their own version counter.
-SECTIONS = ("run", "metrics", "gpu", "events", "invariants", "nodes")
+SECTIONS = ("run", "metrics", "gpu", "events", "invariants", "nodes", "layers")
 
 _RUN_END_SEVERITY = {"failed": 2, "interrupted": 1, "completed": 0}
 
@@ -97,6 +98,8 @@ class _Run:
     names_left_out: set[str] = field(default_factory=set)
     #: The node relays' summaries of this run, and its loss band.
     job: JobState = field(default_factory=JobState)
+    #: Per-layer samples, by rank.
+    layers: dict[int, LayerHistory] = field(default_factory=dict)
 
 
 def _number(value: Any) -> float:
@@ -345,6 +348,13 @@ class Store:
                     continue
             series.append(step, _number(value))
         self._bump(run, "metrics")
+        sample = message.get("layers")
+        if isinstance(sample, dict):
+            history = run.layers.get(state.rank)
+            if history is None:
+                history = run.layers[state.rank] = LayerHistory()
+            if history.add(step, sample):
+                self._bump(run, "layers")
         state.step, state.step_ts = step, message["ts"]
         self._bump(run, "run")
 
@@ -557,6 +567,18 @@ class Store:
         with self._lock:
             found = self._series(run, name, rank)
             return found.tail(last) if found else (array("q"), array("d"))
+
+    def layer_matrix(
+        self, run: str, statistic: str, *, rank: int | None = None, last: int | None = None
+    ) -> LayerMatrix | None:
+        """The layer heatmap of ``statistic`` (:data:`~tuimon.store.layers.STATISTIC_KEYS`) for
+        ``rank``, else the lowest rank that sent layer samples; None when none did."""
+        with self._lock:
+            state = self._runs.get(run)
+            if state is None or not state.layers:
+                return None
+            history = state.layers.get(rank if rank is not None else min(state.layers))
+            return history.matrix(statistic, last) if history is not None else None
 
     def metric_window(
         self,

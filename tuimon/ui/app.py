@@ -30,6 +30,7 @@ from textual.widgets import DataTable, Footer, Tab, Tabs
 
 from tuimon.sources.base import RankFocus, ReplayControls, Source
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
+from tuimon.store.layers import named_layers, statistic_for
 from tuimon.ui.context import EventContext
 from tuimon.ui.dashboard.charts import MetricChart
 from tuimon.ui.dashboard.events import EventLog
@@ -44,6 +45,8 @@ from tuimon.ui.incidents.screen import IncidentScreen, key_sections
 from tuimon.ui.job.grid import GridState
 from tuimon.ui.job.screen import JobScreen
 from tuimon.ui.job.screen import key_section as job_key_section
+from tuimon.ui.layers.screen import LayerScreen
+from tuimon.ui.layers.screen import key_section as layer_key_section
 from tuimon.ui.services.kb_link import KbLink
 from tuimon.ui.themes import DEFAULT_THEME, THEME_ORDER, load_themes
 
@@ -63,7 +66,7 @@ _REPLAY_ACTIONS = frozenset({"toggle_pause", "faster", "slower", "seek", "seek_t
 #: screen (on a screen pushed over it their keys mean something else there, or nothing).
 _DASHBOARD_ACTIONS = frozenset(
     {"next_run", "chart", "next_chart", "focus_events", "event_details", "incidents", "open_incident",
-     "job", "all_ranks", "next_view"}
+     "job", "all_ranks", "next_view", "layers"}
     | _REPLAY_ACTIONS
 )
 
@@ -115,6 +118,8 @@ class TuimonApp(App[None]):
         Binding("enter", "event_details", "Details", show=False, tooltip="Details of the selected event"),
         Binding("i", "incidents", "Incidents", tooltip="Incident knowledge base for the selected event"),
         Binding("o", "open_incident", "Open incident", tooltip="Open an incident from the selected event"),
+        Binding("h", "layers", "Layers",
+                tooltip="Layer heatmap: each layer's gradients, updates, activations over time"),
         Binding("j", "job", "Job", tooltip="The job view: every GPU of every node (the source is a relay)"),
         Binding("escape", "all_ranks", "All ranks", tooltip="Charts of the lowest rank, not the one picked"),
         Binding("space", "toggle_pause", "Pause", tooltip="Pause or resume the replay"),
@@ -344,7 +349,8 @@ class TuimonApp(App[None]):
             ("↑ ↓", "Move in a table"),
         ]
         job = job_key_section(self.get_key_display)
-        return [("Dashboard", dashboard), ("Replay only", replay), job, *key_sections(self)]
+        return [("Dashboard", dashboard), ("Replay only", replay), layer_key_section(), job,
+                *key_sections(self)]
 
     def action_next_theme(self) -> None:
         order = list(THEME_ORDER)
@@ -446,7 +452,34 @@ class TuimonApp(App[None]):
             self.notify("no event selected: events appear in the log when detectors fire", timeout=3)
             return
         started = context.run_view.started_ts if context.run_view else None
-        self.push_screen(EventDetailScreen(context.run, context.event, context.window, started))
+        layers = self._layer_screen(context.event)
+        detail = EventDetailScreen(context.run, context.event, context.window, started,
+                                   event_layers=layers.named)
+
+        def closed(wanted: str | None) -> None:
+            if wanted == "layers":
+                self.push_screen(layers)
+
+        self.push_screen(detail, closed)
+
+    def _layer_screen(self, event: EventRecord | None) -> LayerScreen:
+        """The layer panel for the current run: on ``event``'s rank, statistic and layers when it
+        is about some, else on the focused rank's gradient norms."""
+        run = self.run_name or ""
+        if event is None:
+            return LayerScreen(self.store, run, rank=self.focus_rank)
+        statistic = statistic_for(event.kind)
+        matrix = self.store.layer_matrix(run, statistic, rank=event.rank)
+        named = tuple(named_layers(event.details, matrix.layers)) if matrix is not None else ()
+        return LayerScreen(self.store, run, rank=event.rank, statistic=statistic, named=named)
+
+    def action_layers(self) -> None:
+        """The layer panel, on the selected event's layers when it names some."""
+        if self.run_name is None:
+            self.notify("no run yet", timeout=2)
+            return
+        event = self.selected_event()
+        self.push_screen(self._layer_screen(event if event is not None and event.rank is not None else None))
 
     def action_incidents(self) -> None:
         """The incident knowledge base, on the selected event (:meth:`event_context`) if any."""

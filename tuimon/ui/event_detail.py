@@ -65,8 +65,10 @@ def context_table(window: Mapping[str, tuple[list[int], list[float]]], step: int
     return lines
 
 
-class EventDetailScreen(ModalScreen[None]):
-    """One event in full. ``window`` is :meth:`tuimon.store.Store.metric_window` around it."""
+class EventDetailScreen(ModalScreen[str | None]):
+    """One event in full. ``window`` is :meth:`tuimon.store.Store.metric_window` around it;
+    ``event_layers``: the layers it names that the run's layer samples hold (``h`` is then offered, and
+    the screen is dismissed with ``"layers"`` for the opener to show them)."""
 
     DEFAULT_CSS = """
     EventDetailScreen {
@@ -85,6 +87,7 @@ class EventDetailScreen(ModalScreen[None]):
         Binding("escape", "dismiss", "Close"),
         Binding("q", "dismiss", "Close", show=False),
         Binding("enter", "dismiss", "Close", show=False),
+        Binding("h", "layers", "Its layers", tooltip="The layers it names, in the layer heatmap"),
     ]
 
     def __init__(
@@ -93,8 +96,11 @@ class EventDetailScreen(ModalScreen[None]):
         event: EventRecord,
         window: Mapping[str, tuple[list[int], list[float]]],
         started_ts: float | None,
+        *,
+        event_layers: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
+        self.event_layers = event_layers
         self.run = run
         self.event = event
         self._window = window
@@ -121,6 +127,11 @@ class EventDetailScreen(ModalScreen[None]):
             lines.append(Content.assemble(("what it means: ", "bold"), kind.summary))
         if event.details:
             lines += [Content(""), Content.styled("Details", "bold $primary"), *detail_lines(event.details)]
+        if self.event_layers:
+            more = len(self.event_layers) - 6
+            shown = ", ".join(self.event_layers[:6]) + (f" and {more} more" if more > 0 else "")
+            lines += [Content(""), Content.assemble(("Layers: ", "bold $primary"), shown,
+                                                    ("   h: in the layer heatmap", "$foreground 60%"))]
         if event.step is not None:
             lines += [
                 Content(""),
@@ -129,3 +140,9 @@ class EventDetailScreen(ModalScreen[None]):
             ]
         with VerticalScroll():
             yield Static(Content("\n").join(lines), id="event-detail")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return bool(self.event_layers) if action == "layers" else True
+
+    def action_layers(self) -> None:
+        self.dismiss("layers")

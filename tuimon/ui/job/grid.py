@@ -24,8 +24,10 @@ from tuimon.store import Cell, JobView, NodeView
 from tuimon.ui.job.layout import NODE_GROUP, GridLayout, choose_layout, short_name
 from tuimon.ui.job.legend import legend
 from tuimon.ui.job.metrics import GRID_METRICS, LEVELS, GridMetric, next_metric
-from tuimon.ui.job.palette import NO_DATA, NO_DATA_STYLE, Palette
+from tuimon.ui.job.palette import Palette
 from tuimon.ui.job.problems import PROBLEM_KINDS, PROBLEM_LOOK, Marks
+from tuimon.ui.levels import NO_DATA, NO_DATA_STYLE
+from tuimon.ui.scroll import keep_visible
 
 _CURSOR_STYLE = "bold $accent"
 _LABEL_STYLE = "$foreground 50%"
@@ -245,7 +247,7 @@ class JobGrid(Widget, can_focus=True):
         levels = tuple((palette.glyph(level), palette.style(metric, level)) for level in range(LEVELS))
         paint = _Painter(metric, scale, self._marks, levels)
         widest = layout.cells_width(max(len(node.cells) for node in nodes))
-        self._top = _keep_visible(layout.row_of(self.cursor), self._top, rows_shown, layout.rows)
+        self._top = keep_visible(layout.row_of(self.cursor), self._top, rows_shown, layout.rows)
         end = min(layout.rows, self._top + rows_shown)
         lines = [self._row(layout, number, paint, widest) for number in range(self._top, end)]
         spare = height - len(lines)  # the legend spreads over the rows the grid leaves free
@@ -263,11 +265,3 @@ def _separator(index: int, cursor: int, *, row_start: bool = False) -> tuple[str
         return "]", _CURSOR_STYLE
     return " ", ""
 
-
-def _keep_visible(row: int, top: int, shown: int, rows: int) -> int:
-    """The first row to show so that ``row`` (the cursor's) is on screen, scrolling as little as possible."""
-    if row < top:
-        top = row
-    elif row >= top + shown:
-        top = row - shown + 1
-    return min(max(top, 0), max(rows - shown, 0))

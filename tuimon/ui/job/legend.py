@@ -15,8 +15,9 @@ from textual.content import Content
 from tuimon.store import Cell
 from tuimon.ui.job.layout import GridLayout
 from tuimon.ui.job.metrics import LEVELS, GridMetric
-from tuimon.ui.job.palette import NO_DATA, NO_DATA_STYLE, Palette
+from tuimon.ui.job.palette import Palette
 from tuimon.ui.job.problems import PROBLEM_LOOK
+from tuimon.ui.levels import NO_DATA, NO_DATA_STYLE
 
 _DIM = "$foreground 70%"
 _SEPARATOR = Content.styled("  │  ", "$foreground 40%")

@@ -23,9 +23,7 @@ from dataclasses import dataclass
 
 from tuimon.store import CELL_METRICS, Cell
 from tuimon.ui.format import number
-
-#: Levels a value is shown at (the contrast theme's block heights, ▁ to █).
-LEVELS = 8
+from tuimon.ui.levels import LEVELS
 
 
 def _percent(value: float) -> str:
