@@ -534,6 +534,72 @@ def _import(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
+def _args_sync(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Share this knowledge base with other hosts through a git working copy: export the incidents "
+        "this knowledge base holds something new of into the copy's incident folder, commit those "
+        "files, git pull --rebase, import what others wrote (merged by id: everybody's timeline "
+        "entries are kept), and push. When two hosts changed one incident, the versions are merged; "
+        "if both changed the same text field differently, nothing is changed and the sync stops "
+        "(exit status 2) naming the file and the field. Exit status 1: some files did not parse."
+    )
+    parser.add_argument(
+        "--repo",
+        type=Path,
+        metavar="DIR",
+        help="git working copy with an upstream branch to share through (default: sync_repo in the [kb] "
+        "table of the config file)",
+    )
+    parser.add_argument(
+        "--folder",
+        metavar="PATH",
+        help="folder inside the working copy for the incident files (default: incidents)",
+    )
+    parser.add_argument(
+        "--no-push",
+        dest="push",
+        action="store_false",
+        help="do everything but push (a dry run for others: the commit goes out with the next sync)",
+    )
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from tuimon.kb.sync import sync, sync_repo
+
+    repo = sync_repo(args.repo)
+    with _open(args) as kb:
+        say = (lambda line: None) if args.json else print
+        report = sync(kb, repo, folder=args.folder, push=args.push, say=say)
+    problems = [str(problem) for problem in report.problems.values()]
+    if args.json:
+        _print_json(
+            {
+                "folder": str(report.folder),
+                "exported": [str(path) for path in report.exported],
+                "commit": report.commit,
+                "pulled_commits": report.pulled_commits,
+                "from_others": report.from_others,
+                "pushed": report.pushed,
+                "unpushed_commits": report.unpushed_commits,
+                "problems": problems,
+            }
+        )
+    else:
+        if report.pushed:
+            pushed = "pushed"
+        elif report.unpushed_commits:
+            pushed = f"{report.unpushed_commits} commits not pushed"
+        else:
+            pushed = "nothing to push"
+        print(
+            f"synced {report.folder}: {len(report.exported)} files exported, {report.from_others} "
+            f"incidents from others, {pushed}"
+        )
+    for problem in problems:
+        print(f"tuimon: skipped {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def _where(args: argparse.Namespace) -> int:
     with _open(args) as kb:
         info = {
@@ -575,5 +641,9 @@ _SUBCOMMANDS: list[tuple[str, str, Arguments, Handler]] = [
     ),
     ("export", "write incidents as Markdown files (all of them if no ID)", _args_export, _export),
     ("import", "merge exported Markdown files (folders or files) by incident id", _args_import, _import),
+    (
+        "sync", "share incidents with other hosts through git: export, commit, pull, import, push",
+        _args_sync, _sync,
+    ),
     ("where", "show which knowledge base is used and why", _no_arguments, _where),
 ]

@@ -230,6 +230,11 @@ class ExportFolder:
                 self._files[match.group("id")] = path
                 self._owners[path.name] = match.group("id")
 
+    @property
+    def paths(self) -> dict[str, Path]:
+        """Incident id -> the file that holds it (found by its ID line, or written since)."""
+        return dict(self._files)
+
     def write(self, incident: Incident, text: str) -> Path:
         name = fmt.file_name(incident)
         if self._owners.get(name, incident.id) != incident.id:
