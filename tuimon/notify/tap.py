@@ -7,11 +7,8 @@ again: whatever a viewer shows or prints, and only that, can alert, with the sam
 validation and snapshot logic. Each message goes to the wrapped sink first, then to the notifier,
 which only decides and queues.
 
-- :class:`AlertingSink` wraps any sink (``tuimon tail``'s printer).
-- :class:`AlertingStore` is a :class:`~tuimon.store.Store` that does the same, and
-  :class:`AlertingLiveSource` a live source whose receiver fills one: a
-  :class:`~tuimon.sources.live.LiveSource` hands its own store to its receiver, and the dashboard
-  reads that store, so the tap has to be the store itself.
+- :class:`AlertingSink` wraps any sink: ``tuimon tail``'s printer, and the dashboard's store
+  through :class:`AlertingLiveSource` (a live source whose receiver fills the wrapped store).
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from tuimon.notify.notifier import Notifier
 from tuimon.notify.settings import NotifySettings
 from tuimon.sources.live import LiveSource
-from tuimon.store import Store
 
 if TYPE_CHECKING:
     from publisher.wire.curve import JobKeys
@@ -74,38 +70,6 @@ class AlertingSink:
         self.sink.set_source_status(status)
 
 
-class AlertingStore(Store):
-    """A store whose live messages also go to :attr:`notifier` (set once, before it is filled)."""
-
-    notifier: Notifier
-
-    def apply_batch(
-        self,
-        messages: Iterable[Mapping[str, Any]],
-        *,
-        received: int | None = None,
-        malformed: Iterable[ProtocolError] = (),
-        complete: bool = True,
-    ) -> None:
-        messages = list(messages)
-        super().apply_batch(messages, received=received, malformed=malformed, complete=complete)
-        self.notifier.heard_batch(messages, complete=complete)
-
-    def apply_snapshot(
-        self,
-        run: str,
-        rank: int,
-        messages: Iterable[Mapping[str, Any]],
-        seq: int,
-        *,
-        then: Iterable[Mapping[str, Any]] = (),
-        malformed: Iterable[ProtocolError] = (),
-    ) -> None:
-        messages, then = list(messages), list(then)
-        super().apply_snapshot(run, rank, messages, seq, then=then, malformed=malformed)
-        self.notifier.heard_snapshot(messages, then)
-
-
 class AlertingLiveSource(LiveSource):
     """A :class:`LiveSource` whose store alerts as ``alerts`` say (:attr:`notifier`, problems on
     the dashboard's notice lines); the notifier starts and stops with the source."""
@@ -119,10 +83,9 @@ class AlertingLiveSource(LiveSource):
         keys: JobKeys | None = None,
         explicit_keys: bool = False,
     ) -> None:
-        super().__init__(endpoints, run=run, keys=keys, explicit_keys=explicit_keys)
-        store = AlertingStore(self.store.clock)
-        self.notifier = store.notifier = Notifier(alerts, store)
-        self.store = store
+        super().__init__(endpoints, run=run, keys=keys, explicit_keys=explicit_keys,
+                         tap=lambda store: AlertingSink(store, self.notifier))
+        self.notifier = Notifier(alerts, self.store)
 
     def start(self) -> None:
         self.notifier.start()
@@ -133,6 +96,5 @@ class AlertingLiveSource(LiveSource):
         self.notifier.close()
 
 
-if TYPE_CHECKING:  # mypy: both taps are sinks a Receiver can fill (a missing method fails here)
+if TYPE_CHECKING:  # mypy: the tap is a sink a Receiver can fill (a missing method fails here)
     _SINK: type[MessageSink] = AlertingSink
-    _STORE: type[MessageSink] = AlertingStore

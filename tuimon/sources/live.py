@@ -101,7 +101,9 @@ class LiveSource:
     With ``endpoints`` it connects to those; without, to every live run in the publisher registry,
     rescanned every :data:`REGISTRY_SCAN_S` for new ones. ``run`` keeps only that run. ``clock``
     is the store's "now" (wall time; a fixed one makes what the screen says reproducible, for
-    snapshot tests).
+    snapshot tests). ``tap``, when given, wraps the store in the sink the receiver fills (the
+    alerts of ``tuimon watch`` hear what the store is handed, after it), while the app reads the
+    store itself.
     """
 
     def __init__(
@@ -114,8 +116,10 @@ class LiveSource:
         clock: Callable[[], float] = time.time,
         keys: JobKeys | None = None,
         explicit_keys: bool = False,
+        tap: Callable[[MessageSink], MessageSink] | None = None,
     ) -> None:
         self.endpoints, self.registry_dir = listen_targets(endpoints, registry_dir)
+        self._tap = tap
         self.run = run
         self.waiting_hint = waiting_hint
         self.store = Store(clock)
@@ -151,7 +155,7 @@ class LiveSource:
         context = zmq.Context()
         try:
             receiver = Receiver(
-                self.store,
+                self._tap(self.store) if self._tap is not None else self.store,
                 context,
                 endpoints=self.endpoints,
                 registry_dir=self.registry_dir,
