@@ -4,7 +4,8 @@ and exports. :class:`KnowledgeBase` is the entry point; see ``docs/incidents.md`
 Modules, one job each: ``location`` (where it lives, who writes), ``db`` (connection, write
 transactions), ``schema`` (migrations, search indexes), ``model`` (records, normalisation),
 ``incidents`` (operations), ``capture`` (evidence from events), ``search``, ``similar``,
-``runbooks``, ``mdformat``/``export``/``markdown_import`` (Markdown files), ``api`` (the facade).
+``runbooks``, ``mdformat``/``export``/``markdown_import`` (Markdown files), ``sync``/``gitrepo``/
+``merge3`` (sharing through git), ``api`` (the facade).
 """
 
 from tuimon.kb.api import ImportReport, KnowledgeBase
