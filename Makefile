@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch; a loose `torch` would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench gpu-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/ingest.py --rates 10000,50000 --traffic hostile
 	$(BIN)/python benchmarks/flood.py
+
+# On a GPU machine (under 8 min): the GPU-only tests, the NVML reader on every device, a Monitor that
+# never synchronises the device, the overhead on CUDA. Exit status 3 where there is no GPU.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,6 +1,6 @@
 """What the Monitor costs a training loop: step time with and without it, measured in the same run.
 
-    python benchmarks/overhead.py [--quick] [--threads N]
+    python benchmarks/overhead.py [--quick] [--threads N] [--device cpu|cuda]
 
 For two model sizes (a ~1 ms step and a >= 20 ms step, CPU, fixed thread count) and four
 conditions, two identical models train in alternating blocks, one plain and one watched by a
@@ -24,6 +24,16 @@ Conditions:
 Also printed: ``cpu``, the process's CPU time (every thread: publisher, detectors, GPU sampler)
 with the Monitor over without it, which other programs on a shared machine disturb less than wall
 time.
+
+``--device cuda`` (a GPU machine: ``make gpu-check`` runs it) measures the same conditions with the
+models, their batches and the Monitor on the GPU, at two sizes of its own (:data:`CUDA_SIZES`: a
+launch-bound step under a millisecond and a compute-bound one of ~10-50 ms on an H100/H200-class
+card), with NVML readings (``gpu="auto"``) instead of the simulated source. CUDA runs
+asynchronously, so each timed step ends with ``torch.cuda.synchronize()`` in both arms, after
+``mon.step()``: a step's time is then the device's work plus whatever of the host's the device
+did not hide, the Monitor's queued kernels and copies included (CUDA semantics, "Asynchronous
+execution": https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution). The CPU
+path is unchanged by this option.
 
 Targets: ratio <= 1.02 at >= 20 ms steps, <= 1.05 at ~1 ms (TrainCheck, OSDI 2025: median
 1.05x, worst 1.6x). Also printed: the median cost of one ``mon.step()`` call in microseconds, the
@@ -60,6 +70,7 @@ from publisher.monitor import Monitor
 #: the wrapped one, installed here as a Monitor would.
 TORCH_CROSS_ENTROPY = nn.functional.cross_entropy
 torch_calls.install()
+CPU = torch.device("cpu")
 #: Distinct batches each arm cycles through, one pass of a small dataset (``full`` fingerprints
 #: some of them on the way: the first of each pass, then runs of consecutive ones).
 BATCHES = 128
@@ -105,6 +116,14 @@ SIZES = (
     ModelSize("~1 ms step", (128, 256, 10), batch=64, rounds=200, block=10),
     ModelSize(">=20 ms step", (512, 1024, 512), batch=160, rounds=120, block=5),
 )
+#: On a GPU the CPU sizes are a few kernel launches: a small MLP whose step is launch-bound (the
+#: Monitor's host work is then most exposed), and a ~200M-parameter one (fp32, 768 rows: ~0.9
+#: TFLOP a step) for ~10-50 ms at an H100/H200's fp32 rate. Batches (``BATCHES`` of them, ~3 GB
+#: an arm at the large size) and both models live on the device.
+CUDA_SIZES = (
+    ModelSize("<1 ms (cuda)", (512, 1024, 512), batch=160, rounds=200, block=10),
+    ModelSize("~20 ms (cuda)", (8192, 8192, 8192), batch=768, rounds=120, block=5),
+)
 CONDITIONS = ("no viewer", "live viewer", "frozen viewer", "full")
 #: Steps before measuring: a long run's steady state is what matters, not its start. ``full``
 #: measures every layer and checks every invariant on each of the first few steps (bugs present
@@ -120,13 +139,15 @@ class Trainer:
     cost is on the monitored arm only.
     """
 
-    def __init__(self, size: ModelSize, cross_entropy: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, size: ModelSize, cross_entropy: Callable[..., torch.Tensor],
+                 device: torch.device = CPU) -> None:
         torch.manual_seed(0)
         d_in, hidden, classes = size.dims
         layers = [nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()]
-        self.model = nn.Sequential(*layers, nn.Linear(hidden, classes))
+        self.model = nn.Sequential(*layers, nn.Linear(hidden, classes)).to(device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
-        self.batches = [(torch.randn(size.batch, d_in), torch.randint(0, classes, (size.batch,)))
+        self.batches = [(torch.randn(size.batch, d_in, device=device),
+                         torch.randint(0, classes, (size.batch,), device=device))
                         for _ in range(BATCHES)]
         self.batch = size.batch
         self.cross_entropy = cross_entropy
@@ -183,14 +204,16 @@ def wait_ready(process: subprocess.Popen[str], publish: Callable[[], None]) -> N
     os.set_blocking(process.stdout.fileno(), True)
 
 
-def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
-    plain, trainer = Trainer(size, TORCH_CROSS_ENTROPY), Trainer(size, nn.functional.cross_entropy)
+def measure(size: ModelSize, condition: str, scale: float, device: torch.device = CPU) -> dict[str, float]:
+    plain = Trainer(size, TORCH_CROSS_ENTROPY, device)
+    trainer = Trainer(size, nn.functional.cross_entropy, device)
+    cuda = device.type == "cuda"
     rounds = max(2, int(size.rounds * scale))
     full = condition == "full"
     with tempfile.TemporaryDirectory() as runtime:
         os.environ["TUIMON_RUNTIME_DIR"] = runtime
-        mon = Monitor(trainer.model, trainer.optimizer, run=f"overhead-{condition}", gpu="simulated",
-                      stats=full, invariants=full)
+        mon = Monitor(trainer.model, trainer.optimizer, run=f"overhead-{condition}",
+                      gpu="auto" if cuda else "simulated", stats=full, invariants=full)
         if full:
             trainer.feed_through(mon)
         with viewer(condition, mon.endpoint) as process:
@@ -224,6 +247,8 @@ def measure(size: ModelSize, condition: str, scale: float) -> dict[str, float]:
                             before_call = time.perf_counter()
                             mon.step(loss, samples=trainer.batch)
                             call_costs.append(time.perf_counter() - before_call)
+                        if cuda:  # the step's device work, in both arms (see the module's docstring)
+                            torch.cuda.synchronize(device)
                         block_times[monitored].append(time.perf_counter() - started)
                     process_cpu[monitored] += time.process_time() - cpu_started
                 without += block_times[False]
@@ -258,9 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a third of the rounds (~20 s, not ~1 min)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the models train (default cpu; cuda: the GPU sizes, see above)")
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: no CUDA device (torch {torch.__version__})")
+    sizes = CUDA_SIZES if device.type == "cuda" else SIZES
     torch.set_num_threads(args.threads)
     scale = 1 / 3 if args.quick else 1.0
+    if device.type == "cuda":
+        print(f"device: {torch.cuda.get_device_name(device)}")
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs. Step times are medians;"
         " ratio is the median over rounds of (with / without) in adjacent blocks, robust to drifting load."
@@ -271,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     started = time.monotonic()
     worst = {}
-    for size in SIZES:
+    for size in sizes:
         for condition in CONDITIONS:
-            r = measure(size, condition, scale)
+            r = measure(size, condition, scale, device)
             worst[size.name] = max(worst.get(size.name, 0.0), r["ratio"])
             print(
                 f"{size.name:<14}{condition:<15}{r['without_ms']:>8.2f}ms{r['with_ms']:>8.2f}ms"
@@ -282,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     print(f"({time.monotonic() - started:.0f} s; targets: <= 1.05 at ~1 ms, <= 1.02 at >= 20 ms steps)")
-    for size, limit in zip(SIZES, (1.05, 1.02), strict=True):
+    for size, limit in zip(sizes, (1.05, 1.02), strict=True):
         verdict = "ok" if worst[size.name] <= limit else "ABOVE TARGET"
         print(f"worst ratio {size.name}: {worst[size.name]:.3f} (target {limit}) {verdict}")
     return 0

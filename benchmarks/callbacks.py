@@ -1,0 +1,374 @@
+"""What each framework callback costs: training steps with and without ``TuimonCallback``, in one run.
+
+    python benchmarks/callbacks.py [--steps 100] [--repeats 7] [--frameworks hf,lightning,plain]
+
+For each framework the same tiny GPT-2 (:class:`Gpt2Size`: built from a local config, nothing is
+downloaded; ~20 ms a step on one core of this machine's CPU) trains ``--steps`` optimizer steps on
+learnable token rows, once without and once with a ``TuimonCallback(gpu="none")`` (no recording,
+the default loopback endpoint, everything else a default Monitor does: detectors, invariants,
+per-layer samples), ``--repeats`` times, in ABBA order (baseline first in even repeats, monitored
+first in odd ones) so that a shared machine's drift hits both arms alike, as
+``benchmarks/overhead.py`` does. A fresh model, optimizer and Trainer every run, seeded alike.
+
+- ``hf``: ``transformers.Trainer`` with :mod:`publisher.integrations.transformers`;
+- ``lightning``: ``lightning.Trainer`` with :mod:`publisher.integrations.lightning`;
+- ``plain``: a hand-written loop calling ``Monitor.step`` (the reference the callbacks add to).
+
+**What is timed.** A timing callback, the same in both arms and placed after ``TuimonCallback``,
+stamps the clock at the end of every optimizer step (HF: ``on_step_end``; Lightning:
+``on_train_batch_end``, one batch a step here; the plain loop: after ``zero_grad``). A step's time
+is the interval between two stamps, so it holds everything the framework and the callback do for
+that step (forward hook, ``on_optimizer_step``, ``Monitor.step``), and nothing of the set-up
+before the first step or of the tear-down after the last. The first ``--warmup`` steps of every
+run are left out in both arms: a fresh Monitor measures every layer and checks every invariant on
+its first steps (bugs present from the start show at once), which is a cost of the run's start,
+not of its steps. The Trainer's own ``train_runtime`` is not used: it starts before
+``on_train_begin`` (where the callback builds the Monitor: a socket, threads, ``run_start``) and
+stops before ``on_train_end`` (where the Monitor closes), so it mixes one-off costs into the step
+time, asymmetrically, and Lightning has no such figure. The one-off cost is printed apart:
+``start+end`` is the median, over repeats, of (``train()``/``fit()`` wall time minus its steps'
+span) with the callback minus without (Monitor start and close, plus the steps before the first
+stamp).
+
+Printed per framework: the median step time without and with the callback (median over repeats
+of each run's median), ``ratio``, the median over repeats of (with / without) of the two runs of
+a repeat, which a machine whose load changes during the run disturbs less than a ratio of
+overall medians, and its ``spread`` (the smallest and largest of those per-repeat ratios);
+``cpu``, the same median ratio for the process's CPU time per step (every thread: the Monitor's
+step worker and publisher included), which other programs on a shared machine disturb less than
+wall time (a slowed run takes longer, not more CPU).
+
+Target: the callback is a Monitor (README, "What monitoring costs": within noise of 1.00x at
+~25 ms steps); the callbacks' own work per step (a forward hook, a loss queued on its device) is
+a few microseconds, so ``hf`` and ``lightning`` should read like ``plain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from publisher.integrations.session import AUTOSTART_ENV
+from publisher.monitor import Monitor
+
+FRAMEWORKS = ("hf", "lightning", "plain")
+#: What every arm's Monitor is told, as a user of the callback would: no GPU readings (this is a CPU
+#: benchmark; NVML or a simulation would add a sampler thread to one arm only), no recording.
+CALLBACK_OPTIONS: dict[str, Any] = {"gpu": "none"}
+
+
+@dataclass(frozen=True)
+class Gpt2Size:
+    """The tiny GPT-2 and its batches: ~20 ms a plain forward-backward-AdamW step on one core of
+    a 2-core shared VM (measured), inside the 10-30 ms a benchmark of per-step costs wants."""
+
+    layers: int = 2
+    width: int = 64
+    heads: int = 4
+    vocab: int = 256
+    length: int = 32
+    batch: int = 8
+    lr: float = 3e-3
+
+
+SIZE = Gpt2Size()
+
+
+def tiny_gpt2(size: Gpt2Size = SIZE) -> torch.nn.Module:
+    """A seeded GPT-2 language model from a local config (``GPT2Config``: nothing downloaded)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=size.layers, n_embd=size.width, n_head=size.heads,
+                                     vocab_size=size.vocab, n_positions=size.length, bos_token_id=0,
+                                     eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def token_rows(count: int, size: Gpt2Size = SIZE) -> torch.Tensor:
+    """Rows that count up in strides from random starts: learnable, so the run stays healthy (random
+    tokens would sit at chance, and the ``chance_loss`` event would make the monitored arm publish
+    more than a healthy run does)."""
+    g = torch.Generator().manual_seed(0)
+    starts = torch.randint(0, size.vocab, (count, 1), generator=g)
+    strides = torch.randint(1, 4, (count, 1), generator=g)
+    return (starts + strides * torch.arange(size.length)) % size.vocab
+
+
+class LmRows(torch.utils.data.Dataset):
+    """Token rows as the HF Trainer takes them: the inputs are their own labels (causal LM)."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.rows[index], "labels": self.rows[index]}
+
+
+class Stamps:
+    """The clock at the end of each optimizer step; ``watched`` says whether a Monitor was live."""
+
+    def __init__(self, monitor_of: Callable[[], Monitor | None] | None = None) -> None:
+        self.times: list[float] = []
+        self.cpu: list[float] = []  # the process's CPU time (every thread), at the same points
+        self._monitor_of = monitor_of
+        self.watched = False
+
+    def stamp(self) -> None:
+        self.times.append(time.perf_counter())
+        self.cpu.append(time.process_time())
+        if self._monitor_of is not None and len(self.times) == 1:
+            self.watched = self._monitor_of() is not None
+
+    def step_times(self, warmup: int) -> list[float]:
+        """Intervals between stamps, the first ``warmup`` steps left out."""
+        intervals = [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+        return intervals[max(0, warmup - 1):]
+
+    def cpu_per_step(self, warmup: int) -> float:
+        """CPU seconds of the whole process per step over the same steps as :meth:`step_times`."""
+        first = max(0, warmup - 1)
+        return (self.cpu[-1] - self.cpu[first]) / max(1, len(self.cpu) - 1 - first)
+
+    @property
+    def span(self) -> float:
+        return self.times[-1] - self.times[0] if len(self.times) > 1 else 0.0
+
+
+@dataclass
+class Run:
+    step_times: list[float]
+    cpu_s: float  # CPU seconds of the process per step (all threads: the Monitor's too)
+    fixed_s: float  # the whole train()/fit() call minus its steps' span
+
+
+# ----------------------------------------------------------------------------- the three loops
+
+
+def run_hf(steps: int, monitored: bool, workdir: Path) -> Stamps:
+    """``transformers.Trainer.train()`` of ``steps`` optimizer steps (no logging, evaluation or saving)."""
+    import transformers
+
+    from publisher.integrations.transformers import TuimonCallback
+
+    class Timer(transformers.TrainerCallback):
+        def __init__(self, stamps: Stamps) -> None:
+            self.stamps = stamps
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.stamps.stamp()
+
+    tuimon = TuimonCallback(run="bench-hf", **CALLBACK_OPTIONS) if monitored else None
+    stamps = Stamps(None if tuimon is None else lambda: tuimon.monitor)
+    args = transformers.TrainingArguments(
+        output_dir=str(workdir / "hf"), max_steps=steps, per_device_train_batch_size=SIZE.batch,
+        learning_rate=SIZE.lr, logging_strategy="no", eval_strategy="no", save_strategy="no",
+        report_to=[], dataloader_num_workers=0, use_cpu=True, disable_tqdm=True, seed=0,
+    )
+    callbacks = [c for c in (tuimon, Timer(stamps)) if c is not None]  # the timer after the callback
+    trainer = transformers.Trainer(model=tiny_gpt2(), args=args, callbacks=callbacks,
+                                   train_dataset=LmRows(token_rows(steps * SIZE.batch)))
+    trainer.remove_callback(transformers.PrinterCallback)  # prints the final metrics otherwise
+    trainer.train()
+    return stamps
+
+
+def run_lightning(steps: int, monitored: bool, workdir: Path) -> Stamps:
+    """``lightning.Trainer.fit()`` of ``steps`` optimizer steps (no validation, logger or checkpoints)."""
+    import lightning.pytorch as pl
+
+    from publisher.integrations.lightning import TuimonCallback
+
+    class TinyLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = tiny_gpt2()
+
+        def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=SIZE.lr)
+
+    class Timer(pl.Callback):
+        def __init__(self, stamps: Stamps) -> None:
+            self.stamps = stamps
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, index: int) -> None:
+            self.stamps.stamp()
+
+    tuimon = TuimonCallback(run="bench-lightning", **CALLBACK_OPTIONS) if monitored else None
+    stamps = Stamps(None if tuimon is None else lambda: tuimon.monitor)
+    trainer = pl.Trainer(
+        max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        limit_val_batches=0, default_root_dir=str(workdir / "lightning"),
+        callbacks=[c for c in (tuimon, Timer(stamps)) if c is not None],
+    )
+    loader = torch.utils.data.DataLoader(token_rows(steps * SIZE.batch), batch_size=SIZE.batch)
+    trainer.fit(TinyLM(), loader)
+    return stamps
+
+
+def run_plain(steps: int, monitored: bool, workdir: Path) -> Stamps:
+    """A hand-written loop: the same model, optimizer and batches, ``Monitor.step`` after each step."""
+    model = tiny_gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=SIZE.lr)
+    loader = torch.utils.data.DataLoader(token_rows(steps * SIZE.batch), batch_size=SIZE.batch)
+    with contextlib.ExitStack() as stack:
+        mon = (stack.enter_context(Monitor(model, optimizer, run="bench-plain", **CALLBACK_OPTIONS))
+               if monitored else None)
+        stamps = Stamps(None if mon is None else lambda: mon)
+        for batch in loader:
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            optimizer.step()
+            if mon is not None:
+                mon.step(loss.detach(), samples=batch.shape[0], tokens=batch.numel())
+            optimizer.zero_grad()
+            stamps.stamp()
+    return stamps
+
+
+RUNNERS: dict[str, Callable[[int, bool, Path], Stamps]] = {
+    "hf": run_hf, "lightning": run_lightning, "plain": run_plain,
+}
+#: What each framework needs installed, for a clear skip where it is not.
+NEEDS = {"hf": ("transformers", "accelerate"), "lightning": ("transformers", "lightning"),
+         "plain": ("transformers",)}
+
+
+def timed_run(framework: str, steps: int, monitored: bool, warmup: int, threads: int) -> Run:
+    """One training run in a scratch folder; raises if the monitored arm had no live Monitor."""
+    torch.set_num_threads(threads)  # a framework may change it; every run starts alike
+    with tempfile.TemporaryDirectory() as workdir:
+        started = time.perf_counter()
+        stamps = RUNNERS[framework](steps, monitored, Path(workdir))
+        total = time.perf_counter() - started
+    if len(stamps.times) != steps:
+        raise RuntimeError(f"{framework}: {len(stamps.times)} steps stamped, {steps} asked for")
+    if monitored and not stamps.watched:
+        raise RuntimeError(f"{framework}: the monitored arm ran without a Monitor")
+    return Run(stamps.step_times(warmup), stamps.cpu_per_step(warmup), total - stamps.span)
+
+
+def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int) -> dict[str, float]:
+    """``repeats`` ABBA pairs of runs, after one short discarded pair (imports, first allocations)."""
+    for monitored in (False, True):
+        timed_run(framework, max(warmup + 2, 5), monitored, 0, threads)
+    medians: dict[bool, list[float]] = {False: [], True: []}
+    fixed: dict[bool, list[float]] = {False: [], True: []}
+    ratios: list[float] = []
+    cpu_ratios: list[float] = []
+    for repeat in range(repeats):
+        arms = (False, True) if repeat % 2 == 0 else (True, False)
+        pair: dict[bool, float] = {}
+        cpu: dict[bool, float] = {}
+        for monitored in arms:
+            run = timed_run(framework, steps, monitored, warmup, threads)
+            pair[monitored] = statistics.median(run.step_times)
+            cpu[monitored] = run.cpu_s
+            medians[monitored].append(pair[monitored])
+            fixed[monitored].append(run.fixed_s)
+        ratios.append(pair[True] / pair[False])
+        cpu_ratios.append(cpu[True] / cpu[False])
+    return {
+        "without_ms": statistics.median(medians[False]) * 1e3,
+        "with_ms": statistics.median(medians[True]) * 1e3,
+        "ratio": statistics.median(ratios),
+        "low": min(ratios),
+        "high": max(ratios),
+        "cpu": statistics.median(cpu_ratios),
+        "fixed_ms": (statistics.median(fixed[True]) - statistics.median(fixed[False])) * 1e3,
+    }
+
+
+@contextlib.contextmanager
+def quiet_frameworks() -> Iterator[None]:
+    """The frameworks' banners and advice (devices found, no logger, few dataloader workers) off:
+    the same in both arms, and they would bury the table."""
+    names = ("lightning.pytorch", "lightning.fabric", "transformers")
+    for name in names:  # imported first: Lightning sets its loggers' levels when imported
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+
+
+def missing(framework: str) -> list[str]:
+    return [name for name in NEEDS[framework] if importlib.util.find_spec(name) is None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps a run (default 100)")
+    parser.add_argument("--repeats", type=int, default=7, help="ABBA pairs of runs a framework (default 7)")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                        help=f"comma-separated, of {', '.join(FRAMEWORKS)} (default all)")
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="steps at the start of each run left out (default 10)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.frameworks.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(FRAMEWORKS))
+    if unknown:
+        parser.error(f"unknown framework(s) {', '.join(unknown)}; choose from {', '.join(FRAMEWORKS)}")
+    if args.steps < args.warmup + 10 or args.repeats < 1:
+        parser.error("--steps must be at least --warmup + 10, --repeats at least 1")
+    if os.environ.get(AUTOSTART_ENV) == "1":
+        parser.error("under `tuimon run` the callbacks stand aside: run this benchmark directly")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs; tiny GPT-2 {SIZE}.")
+    print(f"{args.steps} steps a run, the first {args.warmup} left out; {args.repeats} ABBA pairs a"
+          " framework. Step times are medians; ratio is the median over pairs of (with / without),"
+          " spread its range.")
+    columns = {"without": 10, "with": 10, "ratio": 8, "spread": 15, "cpu": 8, "start+end": 12}
+    header = f"{'framework':<11}" + "".join(f"{name:>{width}}" for name, width in columns.items())
+    print(header)
+    print("-" * len(header))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as runtime, quiet_frameworks():
+        os.environ["TUIMON_RUNTIME_DIR"] = runtime  # the runs' registry entries, not the user's
+        for framework in chosen:
+            absent = missing(framework)
+            if absent:
+                print(f"{framework:<11}skipped: {', '.join(absent)} not installed", flush=True)
+                continue
+            r = measure(framework, args.steps, args.repeats, args.warmup, args.threads)
+            print(f"{framework:<11}{r['without_ms']:>8.2f}ms{r['with_ms']:>8.2f}ms{r['ratio']:>8.3f}"
+                  f"{r['low']:>8.3f}-{r['high']:.3f}{r['cpu']:>8.3f}{r['fixed_ms']:>+10.0f}ms", flush=True)
+        os.environ.pop("TUIMON_RUNTIME_DIR", None)
+    print(f"({time.monotonic() - started:.0f} s; start+end: the callback's one-off cost per run, "
+          "Monitor start and close, with minus without)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
