@@ -64,6 +64,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+import tiny_lm  # the tests' model and data (tests/tiny_lm.py)
+from tiny_lm import LmRows
 
 from publisher.integrations.session import AUTOSTART_ENV
 from publisher.monitor import Monitor
@@ -92,37 +96,15 @@ SIZE = Gpt2Size()
 
 
 def tiny_gpt2(size: Gpt2Size = SIZE) -> torch.nn.Module:
-    """A seeded GPT-2 language model from a local config (``GPT2Config``: nothing downloaded)."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=size.layers, n_embd=size.width, n_head=size.heads,
-                                     vocab_size=size.vocab, n_positions=size.length, bos_token_id=0,
-                                     eos_token_id=0)
-    return transformers.GPT2LMHeadModel(config)
+    """The tests' tiny GPT-2 (``tests/tiny_lm.py``) at this benchmark's size."""
+    return tiny_lm.tiny_gpt2(layers=size.layers, width=size.width, heads=size.heads, vocab=size.vocab,
+                             positions=size.length)
 
 
 def token_rows(count: int, size: Gpt2Size = SIZE) -> torch.Tensor:
-    """Rows that count up in strides from random starts: learnable, so the run stays healthy (random
-    tokens would sit at chance, and the ``chance_loss`` event would make the monitored arm publish
-    more than a healthy run does)."""
-    g = torch.Generator().manual_seed(0)
-    starts = torch.randint(0, size.vocab, (count, 1), generator=g)
-    strides = torch.randint(1, 4, (count, 1), generator=g)
-    return (starts + strides * torch.arange(size.length)) % size.vocab
-
-
-class LmRows(torch.utils.data.Dataset):
-    """Token rows as the HF Trainer takes them: the inputs are their own labels (causal LM)."""
-
-    def __init__(self, rows: torch.Tensor) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.rows[index], "labels": self.rows[index]}
+    """Learnable rows, so the run stays healthy: random tokens would sit at chance, and the
+    ``chance_loss`` event would make the monitored arm publish more than a healthy run does."""
+    return tiny_lm.token_rows(count, vocab=size.vocab, length=size.length)
 
 
 class Stamps:

@@ -131,7 +131,6 @@ def test_throttle_bits_decode_to_names_and_idle_is_not_throttling() -> None:
     assert decode_throttle(pynvml.nvmlClocksEventReasonHwThermalSlowdown) == ["hw_thermal"]
 
 
-@needs_no_driver
 @needs_driver
 def test_nvml_reads_every_device_of_this_node_with_the_protocol_fields() -> None:
     source = open_gpu_source("nvml")

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from test_run import SCRIPTS, messages, of_type, tuimon_run_command
+from tiny_lm import LmRows, tiny_gpt2, token_rows
 
 from publisher.integrations.session import AUTOSTART_ENV
 from publisher.wire.recorder import read_recording
@@ -24,35 +25,6 @@ from publisher.wire.recorder import read_recording
 VOCAB, LENGTH = 64, 16
 ALARMS = ("warning", "critical")
 QUIET = {"gpu": "none"}
-
-
-def tiny_gpt2(transformers: ModuleType, *, tied: bool = True) -> Any:
-    """The issue's tiny GPT-2, seeded: 2 layers, 32 wide, 64 tokens."""
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0, tie_word_embeddings=tied)
-    return transformers.GPT2LMHeadModel(config)
-
-
-def token_rows(count: int, seed: int = 0) -> torch.Tensor:
-    """Sequences that count up in strides from random starts: learnable, next token from the last."""
-    g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, VOCAB, (count, 1), generator=g)
-    strides = torch.randint(1, 4, (count, 1), generator=g)
-    return (starts + strides * torch.arange(LENGTH)) % VOCAB
-
-
-class Rows(torch.utils.data.Dataset):
-    """Token rows as the Trainer wants them: the inputs are their own labels (causal LM)."""
-
-    def __init__(self, rows: torch.Tensor) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.rows[index], "labels": self.rows[index]}
 
 
 def recorded(path: Path) -> list[dict[str, Any]]:
@@ -95,7 +67,7 @@ def hf_train(hf: ModuleType, tmp_path: Path, *, steps: int, accumulation: int = 
     ``tmp_path / "hf.jsonl"`` (``hf.rank<R>.jsonl`` with several ranks); returns the Trainer."""
     from publisher.integrations.transformers import TuimonCallback
 
-    model = model or tiny_gpt2(hf)
+    model = model or tiny_gpt2()
     args = hf.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
         gradient_accumulation_steps=accumulation, learning_rate=3e-3, logging_steps=1,
@@ -103,8 +75,8 @@ def hf_train(hf: ModuleType, tmp_path: Path, *, steps: int, accumulation: int = 
         report_to=[], dataloader_num_workers=0, use_cpu=True, disable_tqdm=True, seed=0,
     )
     callback = TuimonCallback(record=tmp_path / "hf.jsonl", **QUIET)
-    trainer = hf.Trainer(model=model, args=args, train_dataset=Rows(token_rows(256)),
-                         eval_dataset=Rows(token_rows(16, seed=1)), callbacks=[callback],
+    trainer = hf.Trainer(model=model, args=args, train_dataset=LmRows(token_rows(256)),
+                         eval_dataset=LmRows(token_rows(16, seed=1)), callbacks=[callback],
                          optimizers=(optimizer, None))
     trainer.train()
     assert callback.monitor is None, "closed at the end of training"
@@ -133,7 +105,7 @@ def test_trainer_with_an_optimizer_over_the_frozen_backbone_is_reported(
 ) -> None:
     """Fine-tuning the head on a frozen backbone, with the backbone's parameters handed to the
     optimizer by mistake: every step is a no-op and the head never trains."""
-    model = tiny_gpt2(hf, tied=False)
+    model = tiny_gpt2(tied=False)
     model.transformer.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.transformer.parameters(), lr=1e-3)
     hf_train(hf, tmp_path, steps=8, optimizer=optimizer, model=model)
@@ -224,14 +196,13 @@ def lightning_train(pl: Lightning, tmp_path: Path, *, steps: int, accumulation: 
     ``detached_backbone``: the bug of a head trained on detached features (cached activations, a
     stray ``.detach()``): the transformer below it never gets a gradient. ``fail_at``: the training
     step of that batch index raises."""
-    import transformers
 
     class TinyLM(pl.package.LightningModule):  # type: ignore[name-defined,misc]
         def __init__(self) -> None:
             super().__init__()
             self.save_hyperparameters({"manual": manual, "accumulation": accumulation})
             self.automatic_optimization = not manual
-            self.model = tiny_gpt2(transformers)
+            self.model = tiny_gpt2()
             self.losses: list[float] = []
 
         def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
