@@ -51,6 +51,7 @@ from tuimon.ui.job.grid import JobGrid
 from tuimon.ui.job.node_screen import NodeScreen, NodeTable
 from tuimon.ui.job.problem_list import ProblemList
 from tuimon.ui.job.screen import JobScreen
+from tuimon.ui.layers.history import LayerHistoryChart
 from tuimon.ui.layers.screen import LayerScreen
 from tuimon.ui.themes import THEME_ORDER
 
@@ -208,6 +209,8 @@ def test_layer_panel(snap_compare: Snap, size: tuple[int, int]) -> None:
         await pilot.press("h")
         await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, LayerScreen), what="layers")
         await pilot.press("enter")  # the history of the first layer
+        chart = pilot.app.screen.query_one(LayerHistoryChart)
+        await wait_for_screen(pilot, lambda: chart.drawn_at_size, what="the history at its size")
         await pilot.pause(0.6)
 
     assert snap_compare(replay_app(), terminal_size=size, run_before=open_layers)

@@ -29,9 +29,21 @@ class LayerHistoryChart(PlotextPlot):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._drawn: object = None
+        self._shown: tuple[LayerMatrix | None, str | None] = (None, None)
+
+    def on_resize(self) -> None:
+        """Drawn again at its new size: its y ticks are chosen for its height (the screen's own
+        timer may not come round before the next frame)."""
+        self.show(*self._shown)
+
+    @property
+    def drawn_at_size(self) -> bool:
+        """Whether what is drawn was drawn at the widget's present size."""
+        return isinstance(self._drawn, tuple) and self._drawn[-2] == self.size
 
     def show(self, matrix: LayerMatrix | None, layer: str | None) -> None:
         """``layer``'s values in ``matrix``; redrawn only when they, the size or the theme changed."""
+        self._shown = (matrix, layer)
         steps, values = matrix.history(layer) if matrix is not None and layer is not None else ([], [])
         key = (layer, matrix.statistic.key if matrix else None, tuple(steps), tuple(values), self.size,
                self.app.theme)
