@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import ClassVar
 
 from textual import events
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
@@ -57,6 +57,9 @@ WIDE_LAYOUT = (116, 38)
 #: The compact layout's views, in tab order, and the panel each shows.
 VIEWS = {"chart": "Charts", "gpus": "GPUs", "invariants": "Invariants", "events": "Events"}
 _VIEW_PANELS = {"chart": "chart", "gpus": "gpus", "invariants": "invariants-panel", "events": "events-panel"}
+#: What a timer's tick meets when it fires while the app is being torn down (its widgets, then its
+#: screens, already gone).
+_TORN_DOWN = (NoMatches, ScreenStackError)
 #: Redraw rates (Hz): numbers and tables; charts (a plotext redraw costs far more).
 NUMBERS_HZ = 4.0
 CHARTS_HZ = 1.25
@@ -260,7 +263,7 @@ class TuimonApp(App[None]):
 
     def refresh_numbers(self) -> None:
         """Header, GPUs, tables and status line, each only if what it shows changed."""
-        with contextlib.suppress(NoMatches):  # a tick that fires while the app is being torn down
+        with contextlib.suppress(*_TORN_DOWN):  # a tick that fires while the app is being torn down
             self._refresh_numbers()
 
     def _refresh_numbers(self) -> None:
@@ -305,7 +308,7 @@ class TuimonApp(App[None]):
 
     def refresh_chart(self) -> None:
         """The selected metric's chart, when the dashboard is the visible screen."""
-        with contextlib.suppress(NoMatches):  # a tick that fires while the app is being torn down
+        with contextlib.suppress(*_TORN_DOWN):  # a tick that fires while the app is being torn down
             self._refresh_chart()
 
     def _refresh_chart(self) -> None:
