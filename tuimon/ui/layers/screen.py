@@ -22,7 +22,7 @@ from textual.widgets import Footer, Static
 from tuimon.store import Store
 from tuimon.store.layers import STATISTIC_KEYS, LayerMatrix
 from tuimon.ui.format import number
-from tuimon.ui.layers.heatmap import CellLook, LayerHeatmap
+from tuimon.ui.layers.heatmap import CellLook, LayerHeatmap, short_label
 from tuimon.ui.layers.history import LayerHistoryChart
 
 #: Redraws a second at most (samples come every few steps).
@@ -43,7 +43,7 @@ def worst_lines(matrix: LayerMatrix | None, look: CellLook, width: int) -> list[
         lines.append(Content.styled("no layer stands out in the latest sample", "$success"))
     for layer, value, badness in worst:
         name_width = max(width - 14, 8)
-        name = layer if len(layer) <= name_width else "…" + layer[len(layer) - name_width + 1:]
+        name = short_label(layer, name_width)
         glyph, style = look.cell(badness)
         lines.append(Content.assemble((glyph, style), " ", (name.ljust(name_width), "bold"),
                                       f" {number(value):>10}"))
