@@ -36,6 +36,7 @@ import torch
 
 from publisher.collect import torch_calls
 from publisher.collect.batches import BatchPrint, LoaderBook, LoaderPasses
+from publisher.collect.compute_time import ComputeTimer
 from publisher.collect.cpu_wait import CpuWait
 from publisher.collect.fetch import DeviceFetch
 from publisher.collect.identity import default_rank, default_run_name, default_world_size
@@ -125,6 +126,8 @@ class Monitor:
         self._memory = MemoryReader(memory_interval_s, self._params.device)
         self._cpu_wait = CpuWait()  # read with memory, on the training thread
         self._timer = StepTimer()
+        self._compute = ComputeTimer()
+        self._compute.watch(self._params.params)
         self._grad_norm = BudgetedGradNorm(grad_norm_budget, self._timer.clock)
         self.run = run or default_run_name()
         self.rank = default_rank() if rank is None else rank
@@ -178,7 +181,9 @@ class Monitor:
         computing it would cost more than ``grad_norm_budget`` of the step, as for big models on
         a CPU, it is computed every few steps only),
         ``step_time`` and throughput since the previous call, ``data_time`` (given, or measured
-        by :meth:`track_data`), memory (``host_mem_bytes``, ``cuda_mem_*``, every
+        by :meth:`track_data`), ``compute_time`` (parameters on the CPU: the step's own work up
+        to its last gradient, less the data wait, so without the wait in DDP's all-reduce:
+        :mod:`publisher.collect.compute_time`), memory (``host_mem_bytes``, ``cuda_mem_*``, every
         ``memory_interval_s``), on sampled steps ``param_norm``, ``update_ratio`` and the
         per-layer ``layers`` payload, and any numeric ``extra`` (an extra with a standard name,
         such as ``grad_norm=`` or ``lr=``, replaces the computed one).
@@ -256,6 +261,7 @@ class Monitor:
                      readings: StepReadings) -> None:
         """Step time and throughput since the previous step, the data wait, memory when due."""
         metrics = readings.metrics
+        previous = self._timer.last_at
         elapsed = self._timer.tick(now)
         if elapsed is not None:
             metrics["step_time"] = elapsed
@@ -267,6 +273,9 @@ class Monitor:
         data_time = self._timer.data_time(data_time)
         if data_time is not None:
             metrics["data_time"] = float(data_time)
+        compute_time = self._compute.take(previous, data_time)
+        if compute_time is not None:
+            metrics["compute_time"] = compute_time
         if self._memory.due(now):
             metrics.update(self._memory.read(now))
             metrics.update(self._cpu_wait.read(now))
@@ -352,6 +361,7 @@ class Monitor:
             return
         self._context.optimizers = len(self._params.optimizers)
         try:
+            self._compute.watch(self._params.params)
             if self._layers is not None:
                 self._layers.add_optimizer(optimizer)
             if self._invariants is not None:
@@ -455,6 +465,7 @@ class Monitor:
             return
         self._closed = True
         self._timer.stop()
+        self._compute.close()
         torch_calls.unwatch(self._calls)
         atexit.unregister(self._close_at_exit)
         # The last steps' metrics, still on the device, first: then the parts, in their order.

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,41 @@ def test_several_param_groups_extra_metrics_and_data_time(tmp_path: Path) -> Non
     assert (metrics["lr"], metrics["lr/1"]) == (0.1, 0.01)
     assert (metrics["accuracy"], metrics["perplexity"]) == (0.75, 12.0)
     assert 0 <= metrics["data_time"] < 0.1
+
+
+class SlowLoader:
+    """Batches that take ``wait_s`` each to arrive (a starved input pipeline)."""
+
+    def __init__(self, batches: int, wait_s: float) -> None:
+        self.batches, self.wait_s = batches, wait_s
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for _ in range(self.batches):
+            time.sleep(self.wait_s)
+            yield torch.randn(8, 4)
+
+
+def test_compute_time_is_the_steps_own_work_without_its_data_wait_or_what_follows_its_last_gradient(
+    tmp_path: Path,
+) -> None:
+    """What a synchronous DDP rank computes, told from what it waits: 30 ms for each batch, 20 ms of
+    forward, then 40 ms after the last gradient (where DDP's all-reduce waits for slower ranks)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "compute.jsonl"
+    with Monitor(model, optimizer, run="compute", record=record, gpu="none") as mon:
+        for batch in mon.track_data(SlowLoader(6, 0.03)):
+            time.sleep(0.02)  # a slow forward
+            model(batch).pow(2).mean().backward()
+            time.sleep(0.04)  # waiting after the last gradient
+            optimizer.step()
+            mon.step(None)
+            optimizer.zero_grad()
+    metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
+    assert "compute_time" not in metrics[0], "the first step has no start to measure from"
+    for step in metrics[1:]:
+        assert 0.02 <= step["compute_time"] < 0.035, step
+        assert step["step_time"] >= step["data_time"] + step["compute_time"] + 0.04
 
 
 def test_user_events_get_ids_and_default_severities(tmp_path: Path) -> None:

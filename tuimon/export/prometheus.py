@@ -36,6 +36,8 @@ RANK_FIGURES = (
     ("lr", "tuimon_learning_rate", "Learning rate at the rank's latest step."),
     ("step_time", "tuimon_step_time_seconds", "Wall time of the rank's latest step."),
     ("data_time", "tuimon_data_wait_seconds", "Time the rank's latest step waited for its data."),
+    ("compute_time", "tuimon_compute_seconds",
+     "The rank's own work in its latest step, to its last gradient, without data or all-reduce waits."),
     ("tokens_per_s", "tuimon_tokens_per_second", "Tokens a second over the rank's latest step."),
     ("samples_per_s", "tuimon_samples_per_second", "Samples a second over the rank's latest step."),
 )

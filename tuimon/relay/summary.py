@@ -5,7 +5,7 @@ second is 40,000 messages a second before anyone looks at them), so a node relay
 ranks' latest values: for each metric the minimum, median and maximum over the node's ranks, with
 the ranks holding the minimum and the maximum (what Megatron-LM's straggler detector logs every
 interval: ``MnRtt/Rnk``, ``MxRtt/Rnk``), plus the per-rank figures a job view draws and judges
-(step, step time, data wait) and the latest reading of each GPU. A viewer that drills into one
+(step, step time, data wait, compute time) and the latest reading of each GPU. A viewer that drills into one
 rank subscribes to that rank's full stream instead (:mod:`publisher.wire.topics`).
 
 Each rank's heartbeat is folded in too (``beats``: seconds since it was last heard, and, from its
@@ -28,7 +28,7 @@ from publisher.wire.protocol import read_number, wire_number
 #: Seconds between two summaries of a run (the issue's default rate, 2 Hz).
 DEFAULT_PERIOD_S = 0.5
 #: Per-rank figures each summary carries, aligned with its ``ranks`` (None where a rank has none).
-PER_RANK = ("step_time", "data_time", "loss")
+PER_RANK = ("step_time", "data_time", "compute_time", "loss")
 #: GPU readings each summary carries per device.
 GPU_FIELDS = ("util", "mem_used", "mem_total", "temp_c", "power_w", "sm_clock_mhz")
 

@@ -15,9 +15,14 @@ ranks live:
   after the fact.
 - **straggler**: in synchronous data parallelism every rank's step time is the same (the fast ranks
   wait inside the all-reduce), so step time names nobody there; what differs is the time a rank
-  spends outside the collectives. Each rank's median data wait is compared with the job's, and,
-  where ranks are not synchronised, its median step time with the fastest rank's: the relative
-  score ``fastest / mine`` of NVIDIA Resiliency Extension's straggler detection, threshold 0.75.
+  spends outside the collectives. Each rank's median data wait is compared with the least
+  waiting rank's (its input pipeline), then its median compute time (its own work up to its last
+  gradient, without the all-reduce wait: :mod:`publisher.collect.compute_time`) with the fastest
+  rank's (its device or host), and its median step time with the fastest rank's (which tells
+  where ranks do not wait for each other): the relative score ``fastest / mine`` of NVIDIA
+  Resiliency Extension's straggler detection, threshold 0.75. A compute straggler must also be
+  slower by a share of the step (:data:`EXTRA_SHARE`), so that a millisecond of noise on a tiny
+  step names nobody.
 
 Times are this process's monotonic clock at receipt, never the senders' timestamps (hosts' clocks
 differ). Each finding is an ``event`` sent into the stream by the relay (``by`` names it), one
@@ -41,8 +46,9 @@ HANG_AFTER_S = 5.0
 HANG_STEPS = 10
 #: NVIDIA Resiliency Extension's default straggler threshold on ``fastest / mine``.
 STRAGGLER_SCORE = 0.75
-#: A rank's extra data wait, as a share of the job's median step time, that makes it a straggler.
-DATA_WAIT_SHARE = 0.25
+#: A rank's extra data wait or compute, as a share of the job's median step time, that makes it a
+#: straggler.
+EXTRA_SHARE = 0.25
 #: Per-rank samples (one per summary, 2 a second) the straggler medians are taken over.
 STRAGGLER_WINDOW = 10
 
@@ -59,6 +65,7 @@ class _Rank:
     stack: list[str] | None = None
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=STRAGGLER_WINDOW))
     data_times: deque[float] = field(default_factory=lambda: deque(maxlen=STRAGGLER_WINDOW))
+    compute_times: deque[float] = field(default_factory=lambda: deque(maxlen=STRAGGLER_WINDOW))
 
 
 @dataclass(frozen=True)
@@ -107,9 +114,13 @@ class JobWatch:
 
     def _observe_summary(self, message: Mapping[str, Any], now: float) -> None:
         """One node's ranks as its relay last heard them (:mod:`tuimon.relay.summary`): when each
-        was last heard, its step, where its training thread is, and its step and data times."""
+        was last heard, its step, where its training thread is, its step, data and compute times."""
         per_rank = message.get("per_rank", {})
-        step_times, data_times = per_rank.get("step_time", []), per_rank.get("data_time", [])
+        sampled = [
+            (per_rank.get(name, []), into)
+            for name, into in (("step_time", "step_times"), ("data_time", "data_times"),
+                               ("compute_time", "compute_times"))
+        ]
         steps, beats = message.get("steps") or [], message.get("beats") or []
         for i, number in enumerate(message["ranks"]):
             rank = self._rank(message["run"], number, message["host"], now)
@@ -125,10 +136,10 @@ class JobWatch:
                 if rank.step is not None and step > rank.step:
                     rank.intervals.append((now - rank.step_at) / (step - rank.step))
                 rank.step, rank.step_at = step, now
-            for values, into in ((step_times, rank.step_times), (data_times, rank.data_times)):
+            for values, into in sampled:
                 value = values[i] if i < len(values) else None
                 if isinstance(value, int | float):
-                    into.append(float(value))
+                    getattr(rank, into).append(float(value))
 
     # ------------------------------------------------------------------------------- judging
 
@@ -230,51 +241,76 @@ class JobWatch:
             return []
         step = {n: statistics.median(r.step_times) for n, r in sampled.items()}
         data = {n: statistics.median(r.data_times) if r.data_times else 0.0 for n, r in sampled.items()}
+        timed = all(r.compute_times for r in sampled.values())
+        compute = {n: statistics.median(r.compute_times) for n, r in sampled.items()} if timed else {}
         job_step, fastest = statistics.median(step.values()), min(step.values())
         least_wait = min(data.values())
+        least_compute = min(compute.values()) if compute else 0.0
         findings = []
         for number, rank in sorted(sampled.items()):
-            extra_wait = data[number] - least_wait
-            score = fastest / step[number] if step[number] > 0 else 1.0
-            if job_step > 0 and extra_wait > DATA_WAIT_SHARE * job_step:
-                cause, text = (
-                    "data",
-                    (
-                        f"waits {extra_wait * 1000:.0f} ms more per step for data than the "
-                        f"least-waiting rank ({data[number] * 1000:.0f} ms): its input pipeline "
-                        "holds the job back"
-                    ),
-                )
-            elif score < STRAGGLER_SCORE:
-                cause, text = (
-                    "step",
-                    (
-                        f"steps take {step[number] * 1000:.0f} ms against the fastest rank's "
-                        f"{fastest * 1000:.0f} ms (score {score:.2f} < {STRAGGLER_SCORE})"
-                    ),
-                )
-            else:
-                continue
-            findings.append(
-                Finding(
-                    run,
-                    number,
-                    "straggler",
-                    "warning",
-                    f"rank {number} on {rank.host} is a straggler: {text}",
-                    {
-                        "rank": number,
-                        "host": rank.host,
-                        "cause": cause,
-                        "score": round(score, 3),
-                        "step_time_s": step[number],
-                        "fastest_step_time_s": fastest,
-                        "data_time_s": data[number],
-                        "least_data_time_s": least_wait,
-                    },
-                )
+            judged = _straggling(
+                data[number] - least_wait,
+                data[number],
+                compute.get(number),
+                least_compute,
+                step[number],
+                fastest,
+                job_step,
             )
+            if judged is None:
+                continue
+            cause, score, text = judged
+            details: dict[str, Any] = {
+                "rank": number,
+                "host": rank.host,
+                "cause": cause,
+                "score": round(score, 3),
+                "step_time_s": step[number],
+                "fastest_step_time_s": fastest,
+                "data_time_s": data[number],
+                "least_data_time_s": least_wait,
+            }
+            if compute:
+                details |= {"compute_time_s": compute[number], "least_compute_time_s": least_compute}
+            message = f"rank {number} on {rank.host} is a straggler: {text}"
+            findings.append(Finding(run, number, "straggler", "warning", message, details))
         return findings
+
+
+def _straggling(
+    extra_wait: float,
+    wait: float,
+    compute: float | None,
+    least_compute: float,
+    step: float,
+    fastest: float,
+    job_step: float,
+) -> tuple[str, float, str] | None:
+    """(cause, score, what to say) when one rank holds the job back, else None: its input pipeline
+    first (data waits are told apart from compute, so "data on host X" and "slow device on host X"
+    differ), then its own compute where it is known, then its step time (which tells where ranks
+    do not wait for each other)."""
+    if job_step > 0 and extra_wait > EXTRA_SHARE * job_step:
+        score = (wait - extra_wait) / wait if wait > 0 else 1.0
+        return "data", score, (
+            f"waits {extra_wait * 1000:.0f} ms more per step for data than the least-waiting rank "
+            f"({wait * 1000:.0f} ms): its input pipeline holds the job back"
+        )
+    if compute is not None:
+        score = least_compute / compute if compute > 0 else 1.0
+        if score < STRAGGLER_SCORE and compute - least_compute > EXTRA_SHARE * job_step:
+            return "compute", score, (
+                f"computes for {compute * 1000:.0f} ms a step against the fastest rank's "
+                f"{least_compute * 1000:.0f} ms (score {score:.2f} < {STRAGGLER_SCORE}), the others "
+                "waiting for it in the all-reduce: its device or host is slow"
+            )
+    score = fastest / step if step > 0 else 1.0
+    if score < STRAGGLER_SCORE:
+        return "step", score, (
+            f"steps take {step * 1000:.0f} ms against the fastest rank's {fastest * 1000:.0f} ms "
+            f"(score {score:.2f} < {STRAGGLER_SCORE})"
+        )
+    return None
 
 
 def _hang(run: str, number: int, rank: _Rank, now: float, whole_job: bool, message: str) -> Finding:
