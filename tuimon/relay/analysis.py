@@ -1,12 +1,17 @@
 """What a relay does with the stream besides forwarding it, on its main thread.
 
-A side SUB socket on the relay's own XPUB receives only the types it needs (ZeroMQ filters the
-rest before Python sees them): a node relay reads its ranks' ``metrics``, ``gpu`` and heartbeats
-to make the node's summaries (:mod:`tuimon.relay.summary`); the relay at the top of the tree (the
-root, or a node relay with nobody above it) reads summaries and relay beats to judge the job
-(:mod:`tuimon.relay.watch`); every relay keeps the job's state for viewers that join late
-(:mod:`tuimon.relay.history`). Everything it produces goes back into the stream as ordinary
-messages, so viewers, ``tuimon tail`` and the root see them like any other.
+A node relay reads its ranks' ``metrics``, ``gpu`` and heartbeats to make the node's summaries
+(:mod:`tuimon.relay.summary`); the relay at the top of the tree (the root, or a node relay with
+nobody above it) reads summaries and relay beats to judge the job (:mod:`tuimon.relay.watch`);
+every relay keeps the job's state for viewers that join late (:mod:`tuimon.relay.history`).
+Everything it produces goes back into the stream as ordinary messages, so viewers, ``tuimon tail``
+and the root see them like any other.
+
+Where the messages come from differs. A node relay decodes each of its ranks' frames once, to
+forward only the valid ones (:mod:`tuimon.relay.forwarder`), and hands the decoded messages here
+with :meth:`Analysis.observe`, with its own messages. The root reads a side SUB socket on its own
+XPUB that subscribes only to the types it needs (:meth:`Analysis.topics`; ZeroMQ filters the rest
+before Python sees them) and gives the frames to :meth:`Analysis.feed`, which decodes them.
 
 A frame that does not decode is counted by reason (the relay's heartbeat reports it) and skipped.
 """
@@ -14,7 +19,7 @@ A frame that does not decode is counted by reason (the relay's heartbeat reports
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,29 +53,42 @@ class Analysis:
         self.watch = JobWatch() if watch else None
         self.history = JobHistory()  # for viewers that join late, at every relay
         self.malformed: Counter[str] = Counter()
+        self.types = set(KEPT_TYPES)  # the types read (at the root: its side socket's topics)
+        if self.summarizer is not None:
+            self.types |= set(_SUMMARIZED)
+        if self.watch is not None:
+            self.types |= {"summary", "relay", "run_start", "run_end"}
         self._next_summary = 0.0
         self._episodes: dict[tuple[str, str, object], _Episode] = {}
         self._episode_ids = 0
 
     def topics(self) -> list[bytes]:
-        """What the side socket subscribes to."""
-        wanted = set(KEPT_TYPES)
-        if self.summarizer is not None:
-            wanted |= set(_SUMMARIZED)
-        if self.watch is not None:
-            wanted |= {"summary", "relay", "run_start", "run_end"}
-        return [subscription(msg_type) for msg_type in sorted(wanted)]
+        """What a side socket subscribes to."""
+        return [subscription(msg_type) for msg_type in sorted(self.types)]
 
-    def feed(self, frames: list[bytes], now: float) -> None:
+    def decoded(self, frames: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, Any]]]:
+        """Each frame that decodes, with its message; the others counted by reason and left out."""
         for frame in frames:
             try:
                 message = decode(frame)
             except ProtocolError as exc:
                 self.malformed[exc.reason] += 1
                 continue
+            yield frame, message
+
+    def feed(self, frames: Iterable[bytes], now: float) -> None:
+        """Frames as they came: decoded here, then :meth:`observe`."""
+        self.observe(self.decoded(frames), now)
+
+    def observe(self, decoded: Iterable[tuple[bytes, Mapping[str, Any]]], now: float) -> None:
+        """Messages already decoded, each with its frame (kept byte for byte for late joiners);
+        those of types not read here are passed over."""
+        for frame, message in decoded:
+            if message["type"] not in self.types:
+                continue
             self.history.keep(frame, message)
             if message.get("by") == self.name:
-                continue  # our own findings, come back through the proxy
+                continue  # our own findings, kept for late joiners, not judged again
             if self.summarizer is not None and message["type"] in _SUMMARIZED:
                 self.summarizer.observe(message, now)
             if self.watch is not None:

@@ -1,17 +1,32 @@
 """A relay: XSUB in, XPUB out, ZeroMQ's steerable proxy between them on a thread of its own.
 
-Messages never pass through Python: ``zmq.proxy_steerable`` moves frames between the sockets in C
-(libzmq's proxy forwards millions of messages a second since libzmq PR #3440), and subscriptions
+The forwarding is libzmq's proxy (zmq_proxy_steerable(3)): it moves frames between the sockets in
+C (libzmq's proxy forwards millions of messages a second since libzmq PR #3440), and subscriptions
 travel the other way, so a viewer that subscribes to events only receives events only, from every
-publisher below (:mod:`publisher.wire.topics`). The relay's own thread does the rest, slowly:
+publisher below (:mod:`publisher.wire.topics`; the zguide, chapter 2, "The Dynamic Discovery
+Problem", on XSUB/XPUB proxies). That proxy has no hook to look at a frame: whatever enters it
+reaches every subscriber whose prefix matches, junk included. So what enters it is checked first,
+where that is cheap:
 
-- finds the node's publishers in the run registry (as ``tuimon watch`` does) and connects to them,
-  plus any address given with ``--from``. A socket belongs to one thread at a time (ZeroMQ's rule),
-  so a change of publishers stops the proxy (``TERMINATE``), connects, and starts it again; frames
-  wait in the sockets' queues meanwhile;
-- publishes its own heartbeat, a ``relay`` message, into the stream it forwards: what it listens
-  on, where it forwards to, the publishers it found, and the proxy's counters (``STATISTICS``:
-  messages and bytes in and out).
+- A node relay's ranks' frames enter an intake SUB socket of its main thread, subscribed to
+  everything and connected to each publisher (those the run registry names, found as ``tuimon
+  watch`` finds them, and any ``--from`` address). The main thread decodes each frame once
+  (:func:`publisher.wire.protocol.decode`), counts one that does not decode by reason and drops it
+  alone, and sends each valid frame, byte for byte, on the inproc PUB the proxy's XSUB reads; the
+  decoded messages go to the analysis (:mod:`tuimon.relay.analysis`) without a second decode. A
+  node's ranks are a handful of streams, so one decode a frame costs the node little; the thread
+  waits on the intake with a poller, so a frame is forwarded as it comes (in one batch when many
+  wait). A new publisher is one ``connect`` on that socket, which the main thread owns: the proxy
+  runs from start to stop.
+- A root relay's inputs are node relays, which forward only valid frames, so its XSUB binds its
+  intake and its proxy carries everything in C: the root is where the volume is (every node's
+  streams). Its analysis reads a side SUB socket on its own XPUB, subscribed to the types it needs.
+  (A ``--from`` given to a root is forwarded as it comes: publishers belong behind node relays.)
+
+The main thread also publishes the relay's heartbeat, a ``relay`` message, into the stream it
+forwards: what it listens on, where it forwards to, the publishers it found, and its counters
+(frames in: at a node its intake's, malformed ones included, at a root its proxy's; frames out of
+the proxy: its ``STATISTICS``; the malformed frames by count).
 
 A node relay's XPUB binds ``--listen`` (viewers on the node) and, with ``--upstream ADDR``, also
 connects to the root's intake (:func:`~tuimon.relay.addresses.ingest_address`): one socket, two
@@ -51,18 +66,20 @@ QUEUE_FRAMES = 100_000
 REGISTRY_SCAN_S = 1.0
 #: Publishers named in one heartbeat (a node has a handful; the count is always exact).
 MAX_LISTED = 64
-#: Seconds between two rounds of the main thread: it drains the side socket in one batch a round
-#: rather than waking for each message (ZeroMQ queues them meanwhile), so its cost follows the
-#: messages' number, not their arrival pattern; the forwarding never waits for it.
+#: Seconds between two rounds of the main thread's own work (scans, beats, summaries); a root
+#: drains its side socket in one batch a round rather than waking for each message (ZeroMQ queues
+#: them meanwhile), so its cost follows the messages' number, not their arrival pattern. A node
+#: relay forwards its intake between rounds, as frames come.
 _TICK_S = 0.05
-#: Frames the main thread reads from the side socket in one go.
+#: Frames the main thread reads from a socket in one go.
 _DRAIN_FRAMES = 10_000
 _ids = itertools.count()
 
 
 @dataclass
 class _Sources:
-    """Publisher addresses the XSUB is connected to, and the registry entries they came from."""
+    """Publisher addresses the relay is connected to (a node: its intake; a root: its XSUB), and
+    the registry entries they came from."""
 
     given: list[str]
     found: dict[str, RegistryEntry] = field(default_factory=dict)  # pub address -> entry
@@ -74,6 +91,9 @@ class _Sources:
 class Relay:
     """One relay's sockets (bound and connected at construction, so a bad address fails at once)
     and its proxies. :meth:`serve` runs until its ``stop`` event is set.
+
+    ``registry_dir``: the run registry a node relay scans for its node's publishers (a root has
+    none: its inputs are node relays).
 
     ``keys`` (:mod:`publisher.wire.curve`): a socket bound beyond loopback serves CURVE with them
     (and cannot be bound without them unless ``insecure``); the link to the root joins with them
@@ -94,6 +114,8 @@ class Relay:
         explicit_keys: bool = False,
         insecure: bool = False,
     ) -> None:
+        if root and registry_dir is not None:
+            raise ValueError("a root relay does not scan a run registry: its inputs are node relays")
         self.root = root
         self.upstream = upstream
         self.registry_dir = registry_dir
@@ -106,6 +128,8 @@ class Relay:
         self._seq = 0
         self._guard: Guard | None = None
         self._proxies: list[Proxy] = []  # the local proxy, then the uplink's when there is one
+        self._made: list[bytes] = []  # a node relay's own messages, for its analysis
+        self._received = self._received_bytes = 0  # at a node relay's intake, malformed included
         self._watched: list[zmq.Socket] = []  # monitors of the sockets serving CURVE
         self.refused = 0
         self._refusal_said_at = -math.inf
@@ -151,11 +175,17 @@ class Relay:
             else None
         )
         local = f"inproc://tuimon-relay-local-{next(_ids)}"
-        self._xpub.bind(local)  # the side subscription and the uplink read the stream here
-        self._side = self._socket(zmq.SUB)  # what the analysis reads, on this (the main) thread
-        for topic in self.analysis.topics():
-            self._side.subscribe(topic)
-        self._side.connect(local)
+        self._xpub.bind(local)  # the uplink and a root's side subscription read the stream here
+        self._side: zmq.Socket | None = None  # what a root's analysis reads, on this (the main) thread
+        self._intake: zmq.Socket | None = None  # a node's ranks' frames, read on this thread
+        if self.root:
+            self._side = self._socket(zmq.SUB)
+            for topic in self.analysis.topics():
+                self._side.subscribe(topic)
+            self._side.connect(local)
+        else:
+            self._intake = self._socket(zmq.SUB)
+            self._intake.subscribe(b"")  # validated here, then filtered by the proxy's subscribers
         if self.upstream is not None:
             # Its own proxy: CURVE is a property of a socket, and the root link may need it while
             # the node's own viewers connect in plain on loopback.
@@ -173,11 +203,12 @@ class Relay:
             self._snapshots, _any_port(self.listen), keys, insecure, "snapshot requests"
         )
         own = f"inproc://tuimon-relay-own-{next(_ids)}"
-        self._own = self._socket(zmq.PUB)  # the relay's own messages join the stream it forwards
+        # The relay's own messages, and a node's valid frames, join the stream it forwards here.
+        self._own = self._socket(zmq.PUB)
         self._own.bind(own)
         self._xsub.connect(own)
         for address in self._sources.given:
-            self._xsub.connect(address)
+            (self._xsub if self._intake is None else self._intake).connect(address)
         self._local = Proxy(self._context, self._xsub, self._xpub, "proxy")
         self._proxies.insert(0, self._local)
 
@@ -188,31 +219,62 @@ class Relay:
     # --------------------------------------------------------------------------------- running
 
     def serve(self, stop: threading.Event) -> None:
-        """Forward until ``stop`` is set; meanwhile read the side socket for the analysis, send what
-        it makes, scan for publishers and beat."""
+        """Forward until ``stop`` is set. Meanwhile, at a node, validate the ranks' frames into the
+        proxy as they come; every ``_TICK_S``, send what the analysis makes (a root's reads its side
+        socket), scan for publishers and beat."""
         for proxy in self._proxies:
             proxy.start()
+        poller = zmq.Poller()
+        if self._intake is not None:
+            poller.register(self._intake, zmq.POLLIN)
         next_scan = next_beat = next_serve = 0.0
         next_round = time.monotonic()
         try:
-            while not stop.wait(max(next_round - time.monotonic(), 0.0)):
+            while not stop.is_set():
                 now = time.monotonic()
-                next_round = now + _TICK_S
-                if self.registry_dir is not None and now >= next_scan:
-                    self._rescan()
-                    next_scan = now + REGISTRY_SCAN_S
-                if now >= next_beat:
-                    self._beat()
-                    next_beat = now + self.heartbeat_s
-                for msg_type, run, rank, host, step, body in self.analysis.due(now):
-                    self._send(msg_type, run, rank, host, step, body)
-                self.analysis.feed(_drain(self._side), now)
-                self._read_refusals()
-                if now >= next_serve:
-                    snapshot_gate.serve_requests(self._snapshots, self._gate, self._job_state)
-                    next_serve = now + snapshot_gate.SERVE_INTERVAL_S
+                if now >= next_round:
+                    next_round = now + _TICK_S
+                    if self.registry_dir is not None and now >= next_scan:
+                        self._rescan()
+                        next_scan = now + REGISTRY_SCAN_S
+                    if now >= next_beat:
+                        self._beat()
+                        next_beat = now + self.heartbeat_s
+                    for msg_type, run, rank, host, step, body in self.analysis.due(now):
+                        self._send(msg_type, run, rank, host, step, body)
+                    if self._side is None:
+                        self.analysis.feed(self._made, now)  # a node's own messages of this round
+                        self._made.clear()
+                    else:
+                        self.analysis.feed(_drain(self._side), now)
+                    self._read_refusals()
+                    if now >= next_serve:
+                        snapshot_gate.serve_requests(self._snapshots, self._gate, self._job_state)
+                        next_serve = now + snapshot_gate.SERVE_INTERVAL_S
+                self._wait(stop, poller, next_round)
         finally:
             self._close()
+
+    def _wait(self, stop: threading.Event, poller: zmq.Poller, until: float) -> None:
+        """Until ``until`` (the next round) or the first frame at a node's intake, then forward what
+        the intake holds."""
+        timeout = max(until - time.monotonic(), 0.0)
+        if self._intake is None:
+            stop.wait(timeout)
+        elif poller.poll(math.ceil(timeout * 1000)):
+            self._forward(_drain(self._intake), time.monotonic())
+
+    def _forward(self, frames: list[bytes], now: float) -> None:
+        """A node's ranks' frames, each decoded once: a valid one goes on into the proxy byte for
+        byte (never blocking: at the high-water mark ZeroMQ drops, as a publisher does) and to the
+        analysis; one that does not decode is counted by reason and dropped alone."""
+        self._received += len(frames)
+        self._received_bytes += sum(map(len, frames))
+        valid = list(self.analysis.decoded(frames))
+        for frame, _ in valid:
+            with contextlib.suppress(zmq.Again):
+                self._own.send(frame, zmq.NOBLOCK)
+        self.analysis.observe(valid, now)
 
     def _close(self) -> None:
         for proxy in self._proxies:
@@ -240,31 +302,30 @@ class Relay:
                     )
 
     def statistics(self) -> dict[str, int]:
-        """The forwarding counters so far: messages and bytes in and out, restarts."""
-        return self._local.statistics()
+        """The forwarding counters so far: messages and bytes in (a node: at its intake, malformed
+        ones included; a root: into its proxy) and out of the proxy, and ``restarts``, 0: the
+        proxy runs from start to stop (the key stays for readers of the beat)."""
+        counters = self._local.statistics()
+        if self._intake is not None:
+            counters["in"], counters["in_bytes"] = self._received, self._received_bytes
+        return {**counters, "restarts": 0}
 
     def _rescan(self) -> None:
-        """Connect to publishers that appeared in the registry, drop those that went away."""
+        """Connect a node's intake to publishers that appeared in the registry, drop those that
+        went away."""
+        assert self._intake is not None and self.registry_dir is not None
         entries = {entry.pub: entry for entry in live_entries(self.registry_dir)}
-        new = [address for address in entries if address not in self._sources.found]
-        gone = [address for address in self._sources.found if address not in entries]
-        if new or gone:
-            self._local.rewire(lambda xsub: self._reconnect(xsub, entries, new, gone))
-
-    def _reconnect(
-        self, xsub: zmq.Socket, entries: dict[str, RegistryEntry], new: list[str], gone: list[str]
-    ) -> None:
-        for address in new:
+        for address in [address for address in entries if address not in self._sources.found]:
             try:
-                xsub.connect(address)
+                self._intake.connect(address)
             except zmq.ZMQError as exc:
                 log.warning("tuimon relay: cannot connect to %s (%s)", address, exc)
                 continue
             self._sources.found[address] = entries[address]
-        for address in gone:
+        for address in [address for address in self._sources.found if address not in entries]:
             del self._sources.found[address]
             with contextlib.suppress(zmq.ZMQError):  # ZeroMQ may have dropped it already
-                xsub.disconnect(address)
+                self._intake.disconnect(address)
 
     def _beat(self) -> None:
         found = list(self._sources.found.values())
@@ -292,13 +353,17 @@ class Relay:
     def _send(
         self, msg_type: str, run: str, rank: int, host: str, step: int | None, body: dict[str, Any]
     ) -> None:
-        """One message of the relay's own into the stream (numbered by the relay)."""
+        """One message of the relay's own into the stream (numbered by the relay); a node's
+        analysis reads it at the end of the round (a root's, back from its side socket)."""
         message = make_message(
             msg_type, run=run, rank=rank, host=host, ts=time.time(), seq=self._seq, step=step, **body
         )
         self._seq += 1
+        frame = encode_fitted(message)
         with contextlib.suppress(zmq.Again):  # nobody subscribed: nothing is kept for later
-            self._own.send(encode_fitted(message), zmq.NOBLOCK)
+            self._own.send(frame, zmq.NOBLOCK)
+        if self._intake is not None:
+            self._made.append(frame)
 
 
 def _any_port(address: str) -> str:

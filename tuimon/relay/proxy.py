@@ -1,10 +1,12 @@
-"""One ZeroMQ steerable proxy on a thread of its own, that can be paused to rewire its frontend.
+"""One ZeroMQ steerable proxy on a thread of its own, and its counters.
 
 ``zmq.proxy_steerable`` moves frames between two sockets in C (libzmq's proxy forwards millions of
 messages a second since libzmq PR #3440) and answers commands on a control socket: ``STATISTICS``
-(messages and bytes in and out) and ``TERMINATE``. A socket belongs to one thread at a time
-(ZeroMQ's rule), so connecting the frontend to a new publisher means stopping the proxy, connecting
-from the owning thread, and starting it again; frames wait in the sockets' queues meanwhile.
+(messages and bytes in and out) and ``TERMINATE`` (zmq_proxy_steerable(3)). It forwards every
+frame as it is: it has no hook to filter or inspect one, which is why a node relay validates its
+ranks' frames before they enter it (:mod:`tuimon.relay.forwarder`). Its sockets belong to its
+thread while it runs (ZeroMQ's rule: a socket is used by one thread at a time), so they are wired
+before it starts.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import contextlib
 import itertools
 import struct
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -23,14 +24,12 @@ _ids = itertools.count()
 
 @dataclass
 class ProxyCounters:
-    """What a proxy moved, summed over its restarts: messages and bytes in (frontend) and out
-    (backend), and how often it was restarted."""
+    """What a proxy moved: messages and bytes in (frontend) and out (backend)."""
 
     messages_in: int = 0
     bytes_in: int = 0
     messages_out: int = 0
     bytes_out: int = 0
-    restarts: int = 0
 
     def add(self, frames: list[bytes]) -> None:
         """Add one STATISTICS reply: eight unsigned 64-bit counters (frontend in/out, backend
@@ -47,7 +46,6 @@ class ProxyCounters:
             "in_bytes": self.bytes_in,
             "out": self.messages_out,
             "out_bytes": self.bytes_out,
-            "restarts": self.restarts,
         }
 
 
@@ -58,7 +56,6 @@ class Proxy:
         self.frontend = frontend
         self.backend = backend
         self.name = name
-        self.counters = ProxyCounters()
         address = f"inproc://tuimon-proxy-control-{next(_ids)}"
         self._control = context.socket(zmq.PAIR)
         self._control.bind(address)
@@ -86,25 +83,17 @@ class Proxy:
         return self._control.recv_multipart()
 
     def statistics(self) -> dict[str, int]:
-        """The counters so far (the running proxy's added to those of its earlier runs)."""
-        now = ProxyCounters(**vars(self.counters))
+        """The counters since it started (zeros while it is not running)."""
+        counters = ProxyCounters()
         if self.running:
-            now.add(self._command(b"STATISTICS"))
-        return now.as_dict()
+            counters.add(self._command(b"STATISTICS"))
+        return counters.as_dict()
 
     def stop(self) -> None:
         if not self.running:
             return
         with contextlib.suppress(RuntimeError):
-            self.counters.add(self._command(b"STATISTICS"))
             self._command(b"TERMINATE")
         assert self._thread is not None
         self._thread.join(timeout=2.0)
         self._thread = None
-
-    def rewire(self, change: Callable[[zmq.Socket], None]) -> None:
-        """Stop, let ``change`` connect or disconnect the frontend (from this thread), start again."""
-        self.stop()
-        change(self.frontend)
-        self.counters.restarts += 1
-        self.start()
