@@ -23,8 +23,12 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# Two processes for most tests (they mostly wait on sockets and subprocesses; one torch thread
+# each, so that two processes do not oversubscribe the cores), then alone the tests that time this
+# machine (the `solo` mark, tests/conftest.py).
 test: lint
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not solo"
+	$(BIN)/python -m pytest -m solo
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -32,6 +32,23 @@ from tuimon.store import Store
 T0 = 1_700_000_000.0
 HOST = "testhost"
 
+# pytest-xdist's workers set COLUMNS=80 and LINES=24, which every program the tests start would
+# take over the size of its pty (Textual, argparse's help): the tests' processes see what a
+# user's shell gives them instead.
+for _size in ("COLUMNS", "LINES"):
+    os.environ.pop(_size, None)
+
+#: Modules that measure time on this machine (detection delays against their budgets, healthy runs
+#: that must not look slow, waits for a CPU): marked ``solo``, which ``make test`` runs alone after
+#: the rest has run in two processes, so that another test's work is not what they measure.
+SOLO_MODULES = frozenset({"test_faults", "test_invariants", "test_invariants_ddp", "test_cpu_wait"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in SOLO_MODULES:
+            item.add_marker(pytest.mark.solo)
+
 
 # ------------------------------------------------------------------------------------ synthetic runs
 

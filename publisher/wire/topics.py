@@ -6,7 +6,8 @@ and ipc, and XPUB/XSUB proxies carry subscriptions upstream hop by hop (the zgui
 ``{"v":1,"type":...,"run":...,"rank":...,`` (:func:`publisher.wire.protocol.make_message`,
 documented in docs/protocol.md), so that prefix *is* the topic: a viewer of a whole job subscribes
 to events and heartbeats only, and drilling into one rank is one more subscription that travels up
-the relays to that rank's publisher. No frame is added and old readers are unaffected.
+the relays to that rank's node relay (which takes its few local ranks' whole streams, to check
+each frame before it forwards it). No frame is added and old readers are unaffected.
 """
 
 from __future__ import annotations
