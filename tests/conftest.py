@@ -235,6 +235,7 @@ def _rank_figures(rank: int, step: int, node: int, steps: int) -> tuple[dict[str
     node 300's ranks drift to a higher loss."""
     loss = 3.0 / (1 + step / 8) * (1 + ((rank * 13) % 17 - 8) * 0.01) + (0.4 if node == 300 else 0.0)
     step_time, data_time = 0.25 + (rank % 5) * 0.002, 0.01 + (rank % 3) * 0.001
+    compute_time = 0.2 + (rank % 4) * 0.001
     util = 92.0 + (rank * 37) % 7
     if rank == 517:
         step_time, data_time, util = 0.42, 0.17, 35.0
@@ -250,7 +251,7 @@ def _rank_figures(rank: int, step: int, node: int, steps: int) -> tuple[dict[str
         "power_w": 500.0,
         "sm_clock_mhz": 1980,
     }
-    return {"loss": loss, "step_time": step_time, "data_time": data_time}, gpu
+    return {"loss": loss, "step_time": step_time, "data_time": data_time, "compute_time": compute_time}, gpu
 
 
 def job_batches(

@@ -24,7 +24,7 @@ BAND_PERIOD_S = 0.5
 #: Points of the band kept (at 2 a second: over an hour).
 BAND_CAPACITY = 8_192
 #: Figures a cell may be coloured by, in the order the grid offers them.
-CELL_METRICS = ("util", "mem", "temp_c", "step_time", "data_time")
+CELL_METRICS = ("util", "mem", "temp_c", "step_time", "data_time", "compute_time")
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def _node_view(name: str, summary: Mapping[str, Any]) -> NodeView:
     per_rank = summary.get("per_rank") or {}
 
     def of_rank(i: int) -> dict[str, float]:
-        return {key: _number(values[i]) for key in ("step_time", "data_time", "loss")
+        return {key: _number(values[i]) for key in ("step_time", "data_time", "compute_time", "loss")
                 if isinstance(values := per_rank.get(key), list) and i < len(values)}
 
     figures = {rank: of_rank(i) for i, rank in enumerate(ranks)}

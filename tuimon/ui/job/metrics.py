@@ -7,11 +7,12 @@ figure is put on a scale where the healthy majority looks alike and the outlier 
 
 - utilisation, memory share and temperature have fixed physical scales (a steady 97-99 %
   must not look like wild swings, as it would on a scale stretched to the data's own min and max);
-- step time and data wait have none, so they are scaled against the job itself: step time from
-  0 to twice the job's median (the median sits mid-scale, a rank twice as slow is at the top),
-  data wait from 0 to the job's median step time (a rank that waits a whole step for its batch
-  is as bad as it gets). NVIDIA Resiliency Extension's straggler detection scores ranks the same
-  way, relative to the others rather than in absolute seconds.
+- step time, data wait and compute time have none, so they are scaled against the job itself:
+  step time from 0 to twice the job's median (the median sits mid-scale, a rank twice as slow is
+  at the top), data wait and compute time from 0 to the job's median step time (a rank that
+  waits a whole step for its batch is as bad as it gets). NVIDIA Resiliency Extension's
+  straggler detection scores ranks the same way, relative to the others rather than in absolute
+  seconds.
 """
 
 from __future__ import annotations
@@ -52,12 +53,18 @@ def _step_scale(cells: list[Cell]) -> tuple[float, float]:
     return 0.0, 2 * median if median else 1.0
 
 
-def _data_scale(cells: list[Cell]) -> tuple[float, float]:
-    median_step = _median_of(cells, "step_time")
-    if median_step:
-        return 0.0, median_step
-    waits = [v for cell in cells if math.isfinite(v := cell.values.get("data_time", math.nan))]
-    return 0.0, max(waits, default=0.0) or 1.0
+def _part_of_step(key: str) -> Callable[[list[Cell]], tuple[float, float]]:
+    """The scale of a part of the step (data wait, compute): 0 to the job's median step time, or
+    to the largest value where step times are unknown."""
+
+    def scale(cells: list[Cell]) -> tuple[float, float]:
+        median_step = _median_of(cells, "step_time")
+        if median_step:
+            return 0.0, median_step
+        values = [v for cell in cells if math.isfinite(v := cell.values.get(key, math.nan))]
+        return 0.0, max(values, default=0.0) or 1.0
+
+    return scale
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,10 @@ GRID_METRICS: dict[str, GridMetric] = {
         GridMetric("mem", "GPU memory used", True, lambda _: (0.0, 1.0), _share),
         GridMetric("temp_c", "GPU temperature", True, lambda _: (20.0, 100.0), _celsius),
         GridMetric("step_time", "step time", True, _step_scale, _seconds, "0 to 2x the job's median"),
-        GridMetric("data_time", "data wait", True, _data_scale, _seconds, "0 to the job's median step"),
+        GridMetric("data_time", "data wait", True, _part_of_step("data_time"), _seconds,
+                   "0 to the job's median step"),
+        GridMetric("compute_time", "compute time", True, _part_of_step("compute_time"), _seconds,
+                   "0 to the job's median step"),
     )
 }
 assert tuple(GRID_METRICS) == CELL_METRICS, "the grid offers the store's cell figures, in order"

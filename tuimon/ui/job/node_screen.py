@@ -23,8 +23,9 @@ from tuimon.ui.job.problems import PROBLEM_LOOK, current_marks, job_problems
 
 #: Redraws a second at most (node summaries come twice a second).
 REFRESH_HZ = 2.0
-_COLUMNS = (("rank", 6), ("GPU", 4), ("step", 9), ("step time", 10), ("data wait", 10), ("loss", 9),
-            ("util", 6), ("mem", 6), ("temp", 6), ("problem", 8))
+#: The problem comes right after the rank, so that an 80-column terminal shows it without scrolling.
+_COLUMNS = (("rank", 6), ("GPU", 4), ("problem", 8), ("step", 9), ("step time", 10), ("data wait", 10),
+            ("compute", 10), ("loss", 9), ("util", 6), ("mem", 6), ("temp", 6))
 
 
 def _figure(cell: Cell, key: str) -> str:
@@ -50,14 +51,15 @@ def node_rows(node: NodeView, marks_of: dict[int, str]) -> dict[str, Row]:
         rows[f"{cell.rank}/{cell.index}"] = cell.rank, (
             str(cell.rank),
             "—" if cell.index is None else str(cell.index),
+            problem,
             "—" if step is None else f"{step:,}",
             _figure(cell, "step_time"),
             _figure(cell, "data_time"),
+            _figure(cell, "compute_time"),
             _figure(cell, "loss"),
             _figure(cell, "util"),
             _figure(cell, "mem"),
             _figure(cell, "temp_c"),
-            problem,
         )
     return rows
 

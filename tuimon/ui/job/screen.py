@@ -36,7 +36,7 @@ class JobScreen(Screen[int | None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("m", "next_metric", "Figure",
-                tooltip="Grid figure: utilisation, memory, temperature, step time, data wait"),
+                tooltip="Grid figure: utilisation, memory, temperature, step, data, compute"),
         Binding("enter", "drill", "Node", tooltip="The ranks and GPUs of the node under the cursor"),
         Binding("escape", "close", "Dashboard", tooltip="Back to the single-run dashboard"),
         Binding("j", "close", "Dashboard", show=False, tooltip="Back to the single-run dashboard"),
