@@ -290,7 +290,7 @@ def job_batches(
     end = job_end_ts(steps, t0)
     relays = [(f"node@{name}", name, "node", "tcp://login1:7001") for name in names]
     relays.append((ROOT_RELAY, "login1", "root", None))
-    stats = {"in": 0, "in_bytes": 0, "out": 0, "out_bytes": 0, "restarts": 0}
+    stats = {"in": 0, "in_bytes": 0, "out": 0, "out_bytes": 0}
     beats = [
         decoded(make_message("relay", run=relay, rank=0, host=host, ts=end, seq=steps, role=role,
                              listen="tcp://127.0.0.1:7000", upstream=upstream, publishers=gpus_per_node,

@@ -303,12 +303,11 @@ class Relay:
 
     def statistics(self) -> dict[str, int]:
         """The forwarding counters so far: messages and bytes in (a node: at its intake, malformed
-        ones included; a root: into its proxy) and out of the proxy, and ``restarts``, 0: the
-        proxy runs from start to stop (the key stays for readers of the beat)."""
+        ones included; a root: into its proxy) and out of the proxy."""
         counters = self._local.statistics()
         if self._intake is not None:
             counters["in"], counters["in_bytes"] = self._received, self._received_bytes
-        return {**counters, "restarts": 0}
+        return counters
 
     def _rescan(self) -> None:
         """Connect a node's intake to publishers that appeared in the registry, drop those that
