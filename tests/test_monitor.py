@@ -237,7 +237,10 @@ def test_compute_time_is_the_steps_own_work_without_its_data_wait_or_what_follow
     metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
     assert "compute_time" not in metrics[0], "the first step has no start to measure from"
     for step in metrics[1:]:
-        assert 0.02 <= step["compute_time"] < 0.035, step
+        # The forward's 20 ms is a floor. Counting the 30 ms data wait or the 40 ms after the last
+        # gradient would give at least 50 ms; below that, the rest is this machine's jitter (CI runs
+        # two test processes on two cores).
+        assert 0.02 <= step["compute_time"] < 0.05, step
         assert step["step_time"] >= step["data_time"] + step["compute_time"] + 0.04
 
 
