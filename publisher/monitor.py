@@ -181,12 +181,13 @@ class Monitor:
         computing it would cost more than ``grad_norm_budget`` of the step, as for big models on
         a CPU, it is computed every few steps only),
         ``step_time`` and throughput since the previous call, ``data_time`` (given, or measured
-        by :meth:`track_data`), ``compute_time`` (parameters on the CPU: the step's own work up
-        to its last gradient, less the data wait, so without the wait in DDP's all-reduce:
-        :mod:`publisher.collect.compute_time`), memory (``host_mem_bytes``, ``cuda_mem_*``, every
-        ``memory_interval_s``), on sampled steps ``param_norm``, ``update_ratio`` and the
-        per-layer ``layers`` payload, and any numeric ``extra`` (an extra with a standard name,
-        such as ``grad_norm=`` or ``lr=``, replaces the computed one).
+        by :meth:`track_data`), ``compute_time`` (the step's own work, from its first batch to
+        its last gradient, so without the wait in DDP's all-reduce; on a CUDA device timed by
+        events, for the latest step the device has finished: :mod:`publisher.collect.compute_time`),
+        memory (``host_mem_bytes``, ``cuda_mem_*``, every ``memory_interval_s``), on sampled
+        steps ``param_norm``, ``update_ratio`` and the per-layer ``layers`` payload, and any
+        numeric ``extra`` (an extra with a standard name, such as ``grad_norm=`` or ``lr=``,
+        replaces the computed one).
         ``step`` defaults to the previous step + 1 (the first call is step 1).
 
         Host-device syncs on CUDA: none. The loss, the gradient norms, tensor extras and sampled
@@ -261,7 +262,6 @@ class Monitor:
                      readings: StepReadings) -> None:
         """Step time and throughput since the previous step, the data wait, memory when due."""
         metrics = readings.metrics
-        previous = self._timer.last_at
         elapsed = self._timer.tick(now)
         if elapsed is not None:
             metrics["step_time"] = elapsed
@@ -273,9 +273,13 @@ class Monitor:
         data_time = self._timer.data_time(data_time)
         if data_time is not None:
             metrics["data_time"] = float(data_time)
-        compute_time = self._compute.take(previous, data_time)
-        if compute_time is not None:
-            metrics["compute_time"] = compute_time
+        try:
+            compute_time = self._compute.take(data_time)
+        except Exception as exc:
+            self._telemetry_failed("compute time", exc)
+        else:
+            if compute_time is not None:
+                metrics["compute_time"] = compute_time
         if self._memory.due(now):
             metrics.update(self._memory.read(now))
             metrics.update(self._cpu_wait.read(now))
@@ -377,8 +381,17 @@ class Monitor:
         passes = self._loaders.passes_for(iterable)
         passes.new_pass()
         for item in self._timer.track(iterable):
+            self.batch_arrived(self._timer.last_fetch_s)
             self.note_batch(passes, item)
             yield item
+
+    def batch_arrived(self, waited_s: float) -> None:
+        """A batch reached the loop after ``waited_s`` seconds (``track_data``, ``tuimon run``): the
+        step's own work, timed as ``compute_time``, starts with its first batch."""
+        try:
+            self._compute.batch_arrived(waited_s)
+        except Exception as exc:
+            self._telemetry_failed("compute time", exc)
 
     def note_batch(self, passes: LoaderPasses, batch: Any) -> None:
         """Fingerprint a batch the training is about to use (``track_data``, ``tuimon run``)."""

@@ -16,6 +16,7 @@ import zmq
 from conftest import wait_until
 from publisher_client import Message, receive_until, request_snapshot, subscribe
 
+from publisher.collect.compute_time import ComputeTimer, HostMarks, marks_for
 from publisher.monitor import Monitor
 from publisher.wire.protocol import decode, read_number
 
@@ -218,21 +219,24 @@ class SlowLoader:
             yield torch.randn(8, 4)
 
 
+@pytest.mark.parametrize("data", ["tracked", "given"])
 def test_compute_time_is_the_steps_own_work_without_its_data_wait_or_what_follows_its_last_gradient(
-    tmp_path: Path,
+    tmp_path: Path, data: str
 ) -> None:
     """What a synchronous DDP rank computes, told from what it waits: 30 ms for each batch, 20 ms of
-    forward, then 40 ms after the last gradient (where DDP's all-reduce waits for slower ranks)."""
+    forward, then 40 ms after the last gradient (where DDP's all-reduce waits for slower ranks). The
+    data wait is timed by ``track_data`` or given by a loop that times its own."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     record = tmp_path / "compute.jsonl"
     with Monitor(model, optimizer, run="compute", record=record, gpu="none") as mon:
-        for batch in mon.track_data(SlowLoader(6, 0.03)):
+        loader = SlowLoader(6, 0.03)
+        for batch in (mon.track_data(loader) if data == "tracked" else loader):
             time.sleep(0.02)  # a slow forward
             model(batch).pow(2).mean().backward()
             time.sleep(0.04)  # waiting after the last gradient
             optimizer.step()
-            mon.step(None)
+            mon.step(None, data_time=None if data == "tracked" else 0.03)
             optimizer.zero_grad()
     metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
     assert "compute_time" not in metrics[0], "the first step has no start to measure from"
@@ -242,6 +246,110 @@ def test_compute_time_is_the_steps_own_work_without_its_data_wait_or_what_follow
         # two test processes on two cores).
         assert 0.02 <= step["compute_time"] < 0.05, step
         assert step["step_time"] >= step["data_time"] + step["compute_time"] + 0.04
+
+
+def test_compute_time_under_gradient_accumulation_spans_the_micro_batches_less_their_data_waits(
+    tmp_path: Path,
+) -> None:
+    """Three micro-batches per step, 20 ms to fetch and 10 ms to compute each: 30 ms of compute from
+    the first batch to the last gradient, the 40 ms spent waiting for the later two left out."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "accumulate.jsonl"
+    with Monitor(model, optimizer, run="accumulate", record=record, gpu="none") as mon:
+        for number, batch in enumerate(mon.track_data(SlowLoader(15, 0.02)), start=1):
+            time.sleep(0.01)
+            model(batch).pow(2).mean().backward()
+            if number % 3 == 0:
+                optimizer.step()
+                mon.step(None)
+                optimizer.zero_grad()
+    metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
+    assert len(metrics) == 5
+    for step in metrics[1:]:
+        assert 0.03 <= step["compute_time"] < 0.06, step  # the later waits counted would make 70 ms
+
+
+class DeviceQueue:
+    """A device that runs behind the host, as a CUDA device does (this machine has none): a mark is
+    reached once the host has taken ``lag`` more. Same interface as the CUDA events' marks."""
+
+    def __init__(self, lag: int) -> None:
+        self.lag, self.taken = lag, 0
+
+    def mark(self) -> tuple[int, float]:
+        self.taken += 1
+        return self.taken, time.perf_counter()
+
+    def seconds_between(self, start: tuple[int, float], end: tuple[int, float]) -> float | None:
+        return None if end[0] + self.lag > self.taken else end[1] - start[1]
+
+
+def test_compute_time_on_a_device_behind_the_host_is_that_of_the_latest_step_it_has_finished() -> None:
+    """A step is never held for its device: while the device has not reached a step's last gradient
+    nothing is reported, and once it has, the newest finished step's time comes out."""
+    device = DeviceQueue(lag=4)  # two marks a step: two steps behind
+    reported = train_timed(device, forward_s=[0.0, 0.01, 0.03, 0.05, 0.07, 0.09])
+    assert reported[:3] == [None, None, None], "the first step has no start; steps 2 and 3 are not reached"
+    later = [seconds for seconds in reported[3:] if seconds is not None]
+    assert len(later) == 3
+    assert later[0] >= 0.01 and later[-1] >= 0.05 and later == sorted(later)
+
+
+def test_a_host_far_ahead_of_its_device_still_gets_figures() -> None:
+    """A loop that never waits for its device may queue many steps ahead: the steps it keeps
+    waiting are the oldest, which the device reaches first."""
+    reported = train_timed(DeviceQueue(lag=30), forward_s=[0.0] * 60)
+    assert sum(seconds is not None for seconds in reported) >= 8
+
+
+def train_timed(device: DeviceQueue, forward_s: list[float]) -> list[float | None]:
+    """What a ComputeTimer on ``device`` reports for each of a training loop's steps."""
+    timer = ComputeTimer(choose_marks=lambda params: device)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    timer.watch(list(model.parameters()))
+    reported = []
+    for seconds in forward_s:
+        time.sleep(seconds)
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        reported.append(timer.take(None))
+    timer.close()
+    return reported
+
+
+def test_compute_time_is_left_out_where_the_parameters_span_devices() -> None:
+    assert marks_for([torch.zeros(1), torch.zeros(1, device="meta")]) is None
+    assert marks_for([torch.zeros(1, device="meta")]) is None
+    assert isinstance(marks_for([torch.zeros(1), torch.zeros(2)]), HostMarks)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compute_time_on_a_cuda_device_is_the_devices_own_work(tmp_path: Path) -> None:
+    """The host only queues kernels, so its clock would see none of this: 20 ms of device work in the
+    forward, then 40 ms queued after the last gradient (as an all-reduce's wait would be)."""
+    device = torch.device("cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "cuda_compute.jsonl"
+    with Monitor(model, optimizer, run="cuda-compute", record=record, gpu="none") as mon:
+        for batch in mon.track_data([torch.randn(8, 4, device=device) for _ in range(12)]):
+            torch.cuda._sleep(int(20 * cycles_per_ms))
+            model(batch).pow(2).mean().backward()
+            torch.cuda._sleep(int(40 * cycles_per_ms))
+            optimizer.step()
+            mon.step(None)
+            optimizer.zero_grad()
+            torch.cuda.current_stream().synchronize()  # as a loop that prints its loss does
+    seconds = [m["metrics"]["compute_time"] for m in of_type(messages_in(record), "metrics")
+               if "compute_time" in m["metrics"]]
+    assert len(seconds) >= 10, "each step reports the latest one the device has finished"
+    assert all(0.019 <= s < 0.05 for s in seconds[1:]), seconds
 
 
 def test_user_events_get_ids_and_default_severities(tmp_path: Path) -> None:

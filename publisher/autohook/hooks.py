@@ -15,8 +15,9 @@ What is hooked, all through public PyTorch extension points or thin wrappers:
   the Monitor.
 - ``Tensor.backward``: a scalar tensor that is backpropagated is the loss; the losses since the
   previous step are averaged (gradient accumulation, LBFGS closures).
-- ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``), its size
-  (``samples_per_s``) and its fingerprint (repeated batches: :mod:`publisher.collect.batches`).
+- ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``), its arrival
+  (where ``compute_time`` starts), its size (``samples_per_s``) and its fingerprint (repeated
+  batches: :mod:`publisher.collect.batches`).
 - The Monitor's hang watchdog (:mod:`publisher.collect.watchdog`) follows the thread that steps
   the primary optimizer, as it follows the caller of ``Monitor.step`` in a hand-written loop.
 - ``clip_grad_norm_``, ``clip_grad_value_`` and ``cross_entropy`` are watched
@@ -192,7 +193,10 @@ def _instrument(torch: ModuleType) -> None:
         started = time.perf_counter()
         index = getattr(self, "_num_yielded", None)
         batch = original_next(self)
-        _session.data_time += time.perf_counter() - started
+        waited = time.perf_counter() - started
+        _session.data_time += waited
+        if _session.monitor is not None and not _session.failed:
+            _session.monitor.batch_arrived(waited)
         _session.samples += batch_size(batch)
         _session.batches.append((_passes_of(self, index), batch))
         return batch

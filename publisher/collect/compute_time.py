@@ -5,59 +5,189 @@ the all-reduce for the slowest one, so step times name no straggler (NVIDIA Resi
 and Megatron-LM's straggler detector time sections of the step for this reason). What differs is
 when each rank's *own* work ends: at its last local gradient, after which it only waits for the
 others. A post-accumulate-grad hook on every trained parameter
-(``Tensor.register_post_accumulate_grad_hook``, PyTorch 2.1) notes when the last one arrives, and
-``compute_time`` is the time from the end of the previous step to that moment, less the step's
-data wait: forward and backward compute (and whatever else the loop does before its last
-gradient), without the exposed communication. Any number of these hooks may be registered and
-DDP's reducer is left alone; a DDP communication hook, by contrast, can be registered only once
-(``DistributedDataParallel.register_comm_hook``), so taking it would break a program that
-registers its own.
+(``Tensor.register_post_accumulate_grad_hook``, PyTorch 2.1) learns which parameter's gradient
+closes the backward pass and marks the moment it arrives; ``compute_time`` runs from the start
+of the step's own work to that mark: forward and backward compute (and whatever else the loop
+does before its last gradient), without the exposed communication. Any number of these hooks may
+be registered and DDP's reducer is left alone; a DDP communication hook, by contrast, can be
+registered only once (``DistributedDataParallel.register_comm_hook``), so taking it would break a
+program that registers its own.
 
-Host clock only. On a CUDA device the hooks fire when the kernels are queued, not when they run,
-so the figure would measure the host racing ahead of the device: parameters off the CPU get no
-hooks and no ``compute_time`` (CUDA events would be the way there; not built). A collective inside
-the forward (DDP's buffer broadcast, FSDP's all-gathers) counts as compute.
+The step's own work starts when its first batch arrives (``Monitor.track_data``, ``tuimon run``'s
+DataLoader hook; the waits for later micro-batches are taken off), else at the end of the
+previous step less the step's data wait.
+
+Marks are taken on the clock of the device that computes. On the CPU, the host clock. On a CUDA
+device the host only queues kernels and races ahead, so a mark is a CUDA event recorded on the
+current stream (``torch.cuda.Event``, as Megatron-LM's timers and NVRx's CUDA sections do): the
+interval is the device's own timeline. Events are read only once the device has passed them
+(``Event.query``, never a sync), so the figure a step reports is that of the latest step the
+device has finished, usually the one before. Parameters spread over several devices, or on other
+devices, get no hooks and no ``compute_time``. A collective inside the forward (DDP's buffer
+broadcast, FSDP's all-gathers) counts as compute.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
+#: Steps whose device marks may wait to be reached. A host running further ahead of its device
+#: skips the steps beyond: the oldest are reached first, so some figures keep coming.
+PENDING_STEPS = 4
+
+
+class Marks(Protocol):
+    """Points on one device's timeline."""
+
+    def mark(self) -> Any:
+        """A point, now, in the order of the device's work; None where none can be taken."""
+
+    def seconds_between(self, start: Any, end: Any) -> float | None:
+        """Seconds from ``start`` to ``end``; None while the device has not reached ``end``."""
+
+
+class HostMarks:
+    """The host clock, for work done on the CPU: every mark is reached when it is taken."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds_between(self, start: float, end: float) -> float | None:
+        return end - start
+
+
+class CudaMarks:
+    """CUDA events on the current stream of one device, read without waiting for them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+
+    def mark(self) -> torch.cuda.Event | None:
+        if torch.cuda.is_current_stream_capturing():  # an event cannot be timed inside a graph
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    def seconds_between(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float | None:
+        if not (end.query() and start.query()):  # two streams: either may lag
+            return None
+        return start.elapsed_time(end) / 1000.0
+
+
+def marks_for(params: Sequence[torch.Tensor]) -> Marks | None:
+    """The clock of the one device holding ``params``; None for several devices or another kind."""
+    devices = {param.device for param in params}
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    if device.type == "cpu":
+        return HostMarks()
+    if device.type == "cuda":
+        return CudaMarks(device)
+    return None
+
+
+@dataclass
+class _Interval:
+    start: Any
+    end: Any
+    less: float
+
 
 class ComputeTimer:
-    """Hooks the trained parameters; :meth:`take` once per step gives that step's compute time."""
+    """Hooks the trained parameters; :meth:`take` once per step gives a compute time."""
 
-    def __init__(self) -> None:
+    def __init__(self, choose_marks: Callable[[Sequence[torch.Tensor]], Marks | None] = marks_for) -> None:
+        self._choose_marks = choose_marks
+        self._marks: Marks | None = None
         self._handles: dict[int, RemovableHandle] = {}
-        self._last_grad_at: float | None = None
+        #: The parameter whose gradient came last in the previous step, and the latest so far.
+        self._closing: int | None = None
+        self._latest: int | None = None
+        self._start: Any = None
+        self._started_by_batch = False
+        self._later_waits = 0.0
+        self._end: Any = None
+        self._pending: deque[_Interval] = deque()
+        #: What broke a mark inside a hook (the backward pass must not fail for telemetry).
+        self._failure: Exception | None = None
 
     def watch(self, params: Sequence[torch.Tensor]) -> None:
-        """Hook ``params`` (the trained parameters, all of them each time: new ones are added).
-        Where any lives off the CPU the host clock means nothing, so nothing is hooked."""
-        if any(param.device.type != "cpu" for param in params):
+        """Hook ``params`` (the trained parameters, all of them each time: new ones are added)."""
+        marks = self._choose_marks(params)
+        if marks is None:
             self.close()
             return
+        self._marks = marks
         for param in params:
             if id(param) not in self._handles and param.requires_grad:
                 self._handles[id(param)] = param.register_post_accumulate_grad_hook(self._arrived)
 
-    def _arrived(self, _param: torch.Tensor) -> None:
-        self._last_grad_at = time.perf_counter()
+    def _arrived(self, param: torch.Tensor) -> None:
+        self._latest = id(param)
+        if self._latest == self._closing and self._marks is not None:
+            try:
+                self._end = self._marks.mark()  # under gradient accumulation the last micro-batch's wins
+            except Exception as exc:
+                self._failure, self._marks = exc, None
 
-    def take(self, previous_step_at: float | None, data_time: float | None) -> float | None:
-        """Seconds from ``previous_step_at`` (the previous step's end, ``perf_counter``) to the
-        latest gradient since, less ``data_time``; None when there is no previous step or no
-        gradient arrived since it."""
-        last, self._last_grad_at = self._last_grad_at, None
-        if previous_step_at is None or last is None or last < previous_step_at:
+    def batch_arrived(self, waited_s: float) -> None:
+        """A batch reached the loop after ``waited_s``: the first of a step starts its own work;
+        the waits for later ones (micro-batches) are not compute."""
+        if self._marks is None:
+            return
+        if self._started_by_batch:
+            self._later_waits += waited_s
+        else:
+            self._start, self._started_by_batch = self._marks.mark(), True
+
+    def take(self, data_time: float | None) -> float | None:
+        """The step ends: the compute time of the latest step the device has finished (this one
+        on the CPU), or None while there is none. A step starts from the previous one's end.
+
+        Raises, once, what broke a mark during the backward pass; the hooks are then removed."""
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            self.close()
+            raise failure
+        marks = self._marks
+        if marks is None:
             return None
-        return max(last - previous_step_at - (data_time or 0.0), 0.0)
+        closed_as_learned = self._latest is not None and self._latest == self._closing
+        if (closed_as_learned and self._start is not None and self._end is not None
+                and len(self._pending) < PENDING_STEPS):
+            less = self._later_waits if self._started_by_batch else (data_time or 0.0)
+            self._pending.append(_Interval(self._start, self._end, less))
+        if self._latest is not None:
+            self._closing = self._latest  # the order changed, or the first step: learn it
+        self._latest, self._end, self._later_waits = None, None, 0.0
+        self._start, self._started_by_batch = marks.mark(), False
+        return self._finished(marks)
+
+    def _finished(self, marks: Marks) -> float | None:
+        """The newest interval the device has passed; those before it are dropped."""
+        reached = None
+        while self._pending:
+            interval = self._pending[0]
+            seconds = marks.seconds_between(interval.start, interval.end)
+            if seconds is None:
+                break
+            self._pending.popleft()
+            if seconds >= 0:
+                reached = max(seconds - interval.less, 0.0)
+        return reached
 
     def close(self) -> None:
         for handle in self._handles.values():
             handle.remove()
         self._handles.clear()
+        self._marks = None
+        self._pending.clear()

@@ -29,6 +29,8 @@ class StepTimer:
         #: The raw time of the latest step (the typical one is ``clock.seconds``).
         self.last_time = 0.0
         self._pending_data_time: float | None = None
+        #: How long :meth:`track`'s latest batch took to arrive.
+        self.last_fetch_s = 0.0
         self._stopped = False
 
     def stop(self) -> None:
@@ -54,7 +56,8 @@ class StepTimer:
                 item = next(iterator)
             except StopIteration:
                 return
-            self._pending_data_time = time.perf_counter() - started
+            self.last_fetch_s = time.perf_counter() - started
+            self._pending_data_time = self.last_fetch_s
             yield item
 
     def data_time(self, given: float | None) -> float | None:
