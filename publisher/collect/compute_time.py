@@ -151,7 +151,8 @@ class ComputeTimer:
 
     def take(self, data_time: float | None) -> float | None:
         """The step ends: the compute time of the latest step the device has finished (this one
-        on the CPU), or None while there is none. A step starts from the previous one's end.
+        on the CPU), or None while there is none. Without a batch since the previous step, the
+        step's work is timed from that step's end, less ``data_time``.
 
         Raises, once, what broke a mark during the backward pass; the hooks are then removed."""
         if self._failure is not None:
