@@ -13,7 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_relay import free_port_pair, running
+from ports import free_port
+from test_relay import running
 
 from publisher.wire.curve import load_keys, make_keys
 from publisher.wire.transport import Publisher
@@ -100,7 +101,7 @@ def test_relays_across_machines_use_the_job_key_and_refuse_a_node_without_it(
     keys_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     keys = load_keys(keys_file)
-    root_address = f"tcp://{ADDRESS}:{free_port_pair()}"
+    root_address = f"tcp://{ADDRESS}:{free_port(span=2)}"
     monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(tmp_path / "node"))
     publisher = Publisher("job", 0, heartbeat_s=0.2)  # on loopback, as on any node
     root = Relay(listen=root_address, root=True, keys=keys, heartbeat_s=0.2)

@@ -254,8 +254,15 @@ def test_monitor_publishes_simulated_gpu_messages_whose_load_follows_training(tm
     gpu = [m for m in messages if m["type"] == "gpu"]
     assert len(gpu) >= 10 and all(m["simulated"] is True for m in gpu)
     assert all(tuple(d) == DEVICE_FIELDS for m in gpu for d in m["devices"])
-    assert max(d["util"] for d in gpu[0]["devices"]) < 5, "no step yet: the GPUs idle"
-    assert min(gpu[-1]["devices"][i]["util"] for i in (0, 1, 3)) > 85, "training: the GPUs are busy"
+    last_step_at = max(m["ts"] for m in messages if m["type"] == "metrics")
+    before = [m for m in gpu if m.get("step") is None]  # a sample carries the latest step taken
+    during = [m for m in gpu if m.get("step") is not None and m["ts"] < last_step_at]
+    assert before and len(during) >= 5, (len(before), len(during))
+    assert max(d["util"] for m in before for d in m["devices"]) < 5, "no step yet: the GPUs idle"
+    # A sample can fall in a pause of the loop (this machine is shared): most of them are busy.
+    busiest = sorted(min(m["devices"][i]["util"] for i in (0, 1, 3)) for m in during)
+    assert busiest[len(busiest) // 2] > 85, "training: the GPUs are busy"
+    assert all(m["devices"][2]["util"] < 30 for m in during), "GPU 2 waits for data"
     events = [m for m in messages if m["type"] == "event"]
     assert {(e["kind"], e["details"]["index"]) for e in events} == {("gpu_imbalance", 2)}
     assert all(

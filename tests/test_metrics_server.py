@@ -14,17 +14,12 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 from conftest import HOST, TUIMON, RawPublisher, wait_until
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from publisher.wire.transport import Publisher
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def scrape(port: int) -> Samples:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +13,7 @@ from pathlib import Path
 import pytest
 import zmq
 from conftest import RawPublisher, wait_until
+from ports import nobody_listening
 
 from publisher.wire.protocol import MAX_MESSAGE_BYTES, encode
 from publisher.wire.transport import Publisher
@@ -204,14 +208,44 @@ def test_malformed_oversized_and_wrong_version_frames_are_counted_and_skipped(
 
 
 def test_silent_endpoint_is_reported_with_what_to_do(context: zmq.Context, sources: list[LiveSource]) -> None:
-    placeholder = context.socket(zmq.PULL)
-    placeholder.bind("tcp://127.0.0.1:*")
-    endpoint = placeholder.getsockopt_string(zmq.LAST_ENDPOINT)
-    placeholder.close(0)  # nobody listens there any more
-    source = start(sources, [endpoint])
-    wait_until(lambda: source.store.notices(), timeout_s=SILENT_ENDPOINT_S + 3, what="a notice")
-    (notice,) = source.store.notices()
+    with nobody_listening() as endpoint:
+        source = start(sources, [endpoint])
+        wait_until(lambda: source.store.notices(), timeout_s=SILENT_ENDPOINT_S + 3, what="a notice")
+        (notice,) = source.store.notices()
     assert f"nothing heard from {endpoint}" in notice and "tuimon watch" in notice
+
+
+@contextlib.contextmanager
+def not_zeromq() -> Iterator[str]:
+    """A tcp address where another kind of program listens: it answers every connection with an
+    HTTP error and hangs up."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.1)
+        stop = threading.Event()
+
+        def answer() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    connection, _ = server.accept()
+                    with connection, contextlib.suppress(OSError):
+                        connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" * 8)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        finally:
+            stop.set()
+            thread.join()
+
+
+def test_a_peer_that_is_not_zeromq_is_not_called_a_curve_refusal(sources: list[LiveSource]) -> None:
+    with not_zeromq() as endpoint:
+        source = start(sources, [endpoint])
+        wait_until(lambda: any("handshake" in n for n in source.store.notices()), what="a notice")
+    (notice,) = [n for n in source.store.notices() if "handshake" in n]
+    assert notice.startswith(f"the program at {endpoint} broke off the handshake")
+    assert "not a tuimon socket" in notice and "requires CURVE" not in notice
 
 
 def test_empty_registry_says_where_it_looks(tmp_path: Path, sources: list[LiveSource]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import zmq
 from conftest import wait_until
+from ports import free_port
 
 from publisher.wire.protocol import decode, encode, make_message
 from publisher.wire.topics import subscription
@@ -27,20 +27,6 @@ from tuimon.relay.addresses import ingest_address
 from tuimon.relay.forwarder import Relay
 
 TUIMON = [sys.executable, "-m", "tuimon.cli"]
-
-
-def free_port_pair() -> int:
-    """A port P with P and P+1 free on 127.0.0.1 (a root relay binds both)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as second, contextlib.suppress(OSError):
-                second.bind(("127.0.0.1", port + 1))
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 @contextlib.contextmanager
@@ -111,7 +97,7 @@ def start_node(
 def test_two_nodes_reach_a_viewer_at_the_root_each_rank_by_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
 ) -> None:
-    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root_address = f"tcp://127.0.0.1:{free_port(span=2)}"
     registry_a, node_a = start_node("nodeA", tmp_path, monkeypatch, range(0, 2))
     registry_b, node_b = start_node("nodeB", tmp_path, monkeypatch, range(2, 4))
     publishers = node_a + node_b
@@ -194,7 +180,7 @@ def test_two_nodes_reach_a_viewer_at_the_root_each_rank_by_host(
 def test_relays_as_commands_forward_a_publisher_and_a_killed_node_relay_is_picked_back_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: zmq.Context
 ) -> None:
-    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root_address = f"tcp://127.0.0.1:{free_port(span=2)}"
     monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(tmp_path / "node"))
     env = dict(os.environ)
     root = subprocess.Popen(
@@ -284,7 +270,7 @@ def test_tuimon_run_with_relay_reaches_the_root_from_start_to_end(
     tmp_path: Path, context: zmq.Context
 ) -> None:
     """One command per node: `tuimon run --relay ROOT` starts the node relay itself."""
-    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root_address = f"tcp://127.0.0.1:{free_port(span=2)}"
     root = subprocess.Popen([*TUIMON, "relay", "--root", "--listen", root_address], stderr=subprocess.DEVNULL)
     try:
         viewer = Viewer(context, root_address)
@@ -330,7 +316,7 @@ def test_the_dashboard_source_at_the_root_shows_the_focused_rank_with_its_histor
     every rank is known (with its step) from its node's summary, which stands for the others."""
     from tuimon.sources.live import LiveSource
 
-    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root_address = f"tcp://127.0.0.1:{free_port(span=2)}"
     registry, publishers = start_node("nodeA", tmp_path, monkeypatch, range(0, 2))
     for publisher in publishers:
         publisher.publish("run_start", config={}, seed=0, world_size=2)
@@ -399,7 +385,7 @@ def two_node_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, list[Publisher], Relay]]:
     """Nodes A (ranks 0, 1) and B (ranks 2, 3), each with its relay, under a root at the yielded address."""
-    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root_address = f"tcp://127.0.0.1:{free_port(span=2)}"
     registry_a, node_a = start_node("nodeA", tmp_path, monkeypatch, range(0, 2))
     registry_b, node_b = start_node("nodeB", tmp_path, monkeypatch, range(2, 4))
     root = Relay(listen=root_address, root=True, heartbeat_s=0.5)
@@ -615,13 +601,13 @@ def test_two_torchrun_nodes_under_tuimon_run_relay_name_a_diverging_replica_by_r
     a torchrun group of 2 gloo ranks of one 4-rank job, launched by `tuimon run --relay ROOT`
     (which starts each node's relay); rank 3, on nodeB, drifts from the other replicas, and rank 2,
     also on nodeB, computes slower (its step time is everyone's: the others wait for it)."""
-    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root_address = f"tcp://127.0.0.1:{free_port(span=2)}"
     root = subprocess.Popen([*TUIMON, "relay", "--root", "--listen", root_address], stderr=subprocess.DEVNULL)
     events = Viewer(context, root_address, subscription("event"))
     beats = Viewer(context, root_address, subscription("heartbeat"))
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     script = Path(__file__).parent / "scripts" / "plain_torchrun_ddp.py"
-    master_port = free_port_pair()
+    master_port = free_port(span=2)
     nodes = []
     try:
         for node_rank, host in enumerate(("nodeA", "nodeB")):

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import zmq
 from conftest import wait_until
-from test_relay import free_port_pair, running
+from ports import free_port
+from test_relay import running
 
 from publisher.wire.protocol import ProtocolError, decode, encode, make_message
 from publisher.wire.topics import subscription
@@ -79,7 +80,7 @@ def test_a_node_relay_drops_malformed_frames_counts_them_and_forwards_the_rest(c
     publisher.linger = 0
     publisher.bind("tcp://127.0.0.1:*")
     source = publisher.getsockopt_string(zmq.LAST_ENDPOINT)
-    root_address = f"tcp://127.0.0.1:{free_port_pair()}"
+    root_address = f"tcp://127.0.0.1:{free_port(span=2)}"
     root = Relay(listen=root_address, root=True, heartbeat_s=0.2)
     node = Relay(
         listen="tcp://127.0.0.1:*", sources=[source], upstream=root_address, host=HOST, heartbeat_s=0.2
@@ -166,4 +167,4 @@ def test_a_node_relay_drops_malformed_frames_counts_them_and_forwards_the_rest(c
 def test_a_root_relay_takes_no_run_registry(tmp_path: Path) -> None:
     """A root's inputs are node relays, which validate; it has no intake of its own for publishers."""
     with pytest.raises(ValueError, match="does not scan a run registry"):
-        Relay(listen=f"tcp://127.0.0.1:{free_port_pair()}", root=True, registry_dir=tmp_path)
+        Relay(listen=f"tcp://127.0.0.1:{free_port(span=2)}", root=True, registry_dir=tmp_path)

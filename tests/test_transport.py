@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from ports import free_port
 from publisher_client import Message, receive, receive_until, request_snapshot, subscribe, wait_until
 
 from publisher.wire.history import SnapshotHistory
@@ -88,10 +88,7 @@ def test_an_endpoint_already_in_use_is_reported(publishers: list[Publisher]) -> 
 
 
 def test_an_explicit_endpoint_is_honoured(publishers: list[Publisher]) -> None:
-    with socket.socket() as probe:  # a port that is free now (closing a plain socket is synchronous)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-
+    port = free_port()
     publisher = start(publishers, endpoint=f"tcp://127.0.0.1:{port}")
 
     assert publisher.endpoint == f"tcp://127.0.0.1:{port}"

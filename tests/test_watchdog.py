@@ -8,7 +8,6 @@ function, two gloo ranks of which one is late for an all_reduce, an unmodified s
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 import zmq
+from ports import free_port
 from publisher_client import Message, receive
 
 from publisher.collect import stacks
@@ -36,12 +36,6 @@ def recorded(path: Path) -> list[Message]:
 
 def heartbeats(messages: list[Message]) -> list[Message]:
     return [m for m in messages if m["type"] == "heartbeat"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------ a stalled loop

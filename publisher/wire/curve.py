@@ -21,6 +21,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.auth
@@ -172,20 +173,42 @@ HANDSHAKE_FAILURES = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
+#: Protocol errors (a monitor event's value, ZMTP 3.1 / RFC 23 and RFC 26) that mean the two sides'
+#: CURVE keys differ: the mechanism's own cryptography or key exchange failed.
+_KEY_MISMATCH = (zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC, zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE)
+_GET_KEYS = "`tuimon keys` once per job; give the file with --keys or $TUIMON_KEYS"
 
 
-def refusal(event: int, endpoint: str, *, serving: bool) -> str:
-    """What to tell the user about a failed handshake (a socket monitor ``event``), on either side."""
-    if serving:
+def refusal(event: dict[str, Any], *, serving: bool) -> str:
+    """What to tell the user about a failed handshake (a parsed socket monitor ``event``), on
+    either side. Only a failure that CURVE caused is called a CURVE refusal: libzmq says which
+    kind it was (authentication, a protocol error and its code, or a peer that broke off), and a
+    port taken by some other program must not send the user off to copy keys."""
+    kind, value = event["event"], event["value"]
+    endpoint = event["endpoint"].decode(errors="replace")
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        if serving:
+            return f"refused a connection on {endpoint}: the peer's CURVE key is not this job's"
+        return f"{endpoint} refused us: our CURVE key is not the job's (copy its keys file here, --keys FILE)"
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        if serving:
+            return (
+                f"refused a connection on {endpoint}: the peer uses no CURVE ({_GET_KEYS}), "
+                "or uses CURVE where this side does not"
+            )
         return (
-            f"refused a connection on {endpoint}: the peer does not hold this job's CURVE key "
-            "(or uses no CURVE at all)"
+            f"cannot talk to {endpoint}: it requires CURVE and we have no key for it, or it has none and we "
+            f"do ({_GET_KEYS})"
         )
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return (
-            f"{endpoint} refused us: our CURVE key is not the job's (copy its keys file here, `--keys FILE`)"
-        )
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value in _KEY_MISMATCH:
+        return f"the CURVE handshake on {endpoint} failed: the two sides hold other job keys ({_GET_KEYS})"
+    side = "a peer of" if serving else "the program at"
+    reason = (
+        f"broke off the handshake ({os.strerror(value)})"
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        else f"broke the ZeroMQ protocol (error {value:#x})"
+    )
     return (
-        f"cannot talk to {endpoint}: it requires CURVE and we have no key for it, or it has none and we "
-        "do (`tuimon keys` once per job; give the file with --keys or $TUIMON_KEYS)"
+        f"{side} {endpoint} {reason}: it is not a tuimon socket, or it holds other CURVE keys than ours; "
+        "is this the right address?"
     )

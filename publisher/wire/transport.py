@@ -420,7 +420,7 @@ class Publisher:
                 except zmq.Again:
                     break
                 if not self._refused:
-                    text = refusal(event["event"], event["endpoint"].decode(), serving=True)
+                    text = refusal(event, serving=True)
                     log.warning("tuimon: %s", text)
                 self._refused += 1
 

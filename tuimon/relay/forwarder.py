@@ -298,7 +298,7 @@ class Relay:
                 if now - self._refusal_said_at >= 10.0:
                     self._refusal_said_at = now
                     log.warning(
-                        "tuimon relay: %s", refusal(event["event"], event["endpoint"].decode(), serving=True)
+                        "tuimon relay: %s", refusal(event, serving=True)
                     )
 
     def statistics(self) -> dict[str, int]:

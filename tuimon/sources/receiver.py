@@ -462,7 +462,7 @@ class Receiver:
                 return
             endpoint = event["endpoint"].decode(errors="replace")
             if event["event"] & HANDSHAKE_FAILURES:
-                self.sink.set_notice(f"refused:{endpoint}", refusal(event["event"], endpoint, serving=False),
+                self.sink.set_notice(f"refused:{endpoint}", refusal(event, serving=False),
                                      ttl_s=10.0)
                 continue
             state = self.endpoints.get(endpoint)
