@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch; a loose `torch` would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test lint bench gpu-check clean
+.PHONY: demo install test lint bench gpu-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/tuimon demo
+
+# `tuimon` on the PATH of every new shell: a link to this checkout's environment (the folder is
+# created if needed; BINDIR=... puts it elsewhere). Says how to add the folder when the PATH lacks it.
+BINDIR ?= $(HOME)/.local/bin
+install: $(STAMP)
+	mkdir -p "$(BINDIR)"
+	ln -sfn "$(abspath $(BIN))/tuimon" "$(BINDIR)/tuimon"
+	@echo "tuimon -> $(abspath $(BIN))/tuimon, linked in $(BINDIR)"
+	@case ":$$PATH:" in *":$(BINDIR):"*) ;; \
+	  *) echo "$(BINDIR) is not on your PATH: add  export PATH=\"$(BINDIR):\$$PATH\"  to ~/.bashrc (or ~/.profile)";; esac
 
 # Static checks first (seconds): style, the import boundaries, the public API's types.
 lint: $(STAMP)

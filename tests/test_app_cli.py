@@ -61,7 +61,25 @@ def test_demo_without_torch_says_how_to_install_it() -> None:
     # torch made unimportable in this process only, as on a viewer-only install
     code = "import sys; sys.modules['torch'] = None; from tuimon.cli import main; sys.exit(main(['demo']))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert_one_line_error(result, "PyTorch", "pip install 'tuimon[torch]'")
+    assert_one_line_error(result, "PyTorch", f"{sys.executable} -m pip install 'numpy>=1.26' 'torch>=2.1'")
+
+
+@pytest.mark.parametrize(
+    ("module", "framework", "requirement"),
+    [
+        ("publisher.integrations.transformers", "transformers", "'transformers>="),
+        ("publisher.integrations.lightning", "lightning", "'lightning>="),
+        ("publisher.integrations.pytorch_lightning", "pytorch_lightning", "'pytorch-lightning>="),
+    ],
+)
+def test_a_callback_without_its_framework_says_how_to_install_it(
+    module: str, framework: str, requirement: str
+) -> None:
+    code = f"import sys; sys.modules[{framework!r}] = None; import {module}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ModuleNotFoundError: {module} needs {framework}, which is not installed here: ")
+    assert f"{sys.executable} -m pip install " in last and requirement in last
 
 
 # --------------------------------------------------------------------------- the terminal goes away

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -96,11 +97,16 @@ def test_demo_command_watches_records_and_says_how_to_replay(tmp_path: Path) -> 
     try:
         terminal.read_until(b"ENDED", timeout_s=90)  # the training ran and finished on screen
         os.write(terminal.master, b"q")
-        terminal.read_until(b"replay it with: tuimon replay", timeout_s=30)
+        terminal.read_until(f" replay {record}".encode(), timeout_s=30)
         assert terminal.process.wait(20) == 0
     finally:
         terminal.kill()
     assert f"recording: {record}".encode() in terminal.output
+    (hint,) = [line for line in terminal.output.decode().splitlines() if line.startswith("replay it with: ")]
+    command = shlex.split(hint.removeprefix("replay it with: "))
+    assert command[-2:] == ["replay", str(record)]
+    runs = subprocess.run([*command[:-1], "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert runs.returncode == 0 and "recording" in runs.stdout, "the printed command runs in a new shell"
     recording = load_recordings([record])
     assert b'"type":"run_end"' in recording.lines[-1] and len(recording.lines) > 40
 

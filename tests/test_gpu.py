@@ -180,7 +180,7 @@ def test_auto_without_a_driver_returns_none_and_says_so_once() -> None:
     lines = done.stderr.splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("tuimon: no NVIDIA driver found (NVML: ")
-    assert lines[0].endswith("GPU panel disabled. Use --gpu simulated for a demo source.")
+    assert lines[0].endswith('Monitor(gpu="simulated"), or `tuimon run --gpu simulated`.')
 
 
 def test_other_source_kinds() -> None:

@@ -1,9 +1,10 @@
 """Framework callbacks: a tiny GPT-2 really trained on the CPU by the Hugging Face Trainer and by
 Lightning, each watched by its ``TuimonCallback``, recorded, and read back from the recording.
 
-Each test skips, saying which package is missing, where its framework is not installed
-(``pip install 'tuimon[transformers]'`` or ``'tuimon[lightning]'``). The model is built from a
-local config (nothing is downloaded); the data are learnable token sequences made here.
+Each test skips, saying which package is missing, where its framework is not installed (``make
+test`` installs them; elsewhere ``pip install -e '.[transformers,lightning]'`` in the repository).
+The model is built from a local config (nothing is downloaded); the data are learnable token
+sequences made here.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def assert_healthy_run(msgs: list[dict[str, Any]], steps: int, rank: int = 0, wo
 
 @pytest.fixture
 def hf() -> ModuleType:
-    pytest.importorskip("accelerate", reason="the Trainer needs accelerate: pip install tuimon[transformers]")
-    return pytest.importorskip("transformers", reason="pip install 'tuimon[transformers]'")
+    pytest.importorskip("accelerate", reason="the Trainer needs accelerate: pip install -e '.[transformers]'")
+    return pytest.importorskip("transformers", reason="pip install -e '.[transformers]'")
 
 
 def hf_train(hf: ModuleType, tmp_path: Path, *, steps: int, accumulation: int = 1,
@@ -154,7 +155,7 @@ def test_trainer_under_accelerate_launch_records_each_rank(hf: ModuleType, tmp_p
 
 def test_tuimon_run_wraps_accelerate_launch(tmp_path: Path) -> None:
     """`tuimon run -- accelerate launch` works as it does with torchrun: one recording per worker."""
-    pytest.importorskip("accelerate", reason="pip install 'tuimon[transformers]'")
+    pytest.importorskip("accelerate", reason="pip install -e '.[transformers]'")
     command = [*accelerate_launch(2), str(SCRIPTS / "plain_accelerate_ddp.py"), "8"]
     result, recordings = tuimon_run_command(tmp_path, command, run="acc")
     assert result.returncode == 0, result.stderr
@@ -179,12 +180,12 @@ class Lightning(NamedTuple):
 def lightning_named(name: str) -> Lightning:
     pytest.importorskip("transformers", reason="the tiny GPT-2 needs transformers")
     if name == "lightning":
-        pytest.importorskip("lightning", reason="pip install 'tuimon[lightning]'")
+        pytest.importorskip("lightning", reason="pip install -e '.[lightning]'")
         import lightning.pytorch as package
 
         from publisher.integrations.lightning import TuimonCallback
     else:
-        package = pytest.importorskip("pytorch_lightning", reason="pip install pytorch_lightning")
+        package = pytest.importorskip("pytorch_lightning", reason="pip install -e '.[pytorch-lightning]'")
         from publisher.integrations.pytorch_lightning import TuimonCallback  # type: ignore[assignment]
     return Lightning(package, TuimonCallback)
 

@@ -156,7 +156,8 @@ def test_open_from_a_recording_on_the_command_line(tmp_path: Path) -> None:
 def test_errors_are_one_line_and_kb_comes_from_the_environment(tmp_path: Path) -> None:
     env = {"TUIMON_KB": str(tmp_path / "env-kb")}
     missing = _tuimon("show", "7", env=env, expect=2)
-    assert missing.stderr == "tuimon: error: no incident #7 in this knowledge base\n"
+    kb = tmp_path / "env-kb"
+    assert missing.stderr == f"tuimon: error: no incident #7 in the knowledge base at {kb} ($TUIMON_KB)\n"
     assert _tuimon("new", "--title", "x", env=env).stdout == "1\n"
     where = json.loads(_tuimon("where", "--json", env=env).stdout)
     assert (where["path"], where["chosen_by"], where["incidents"]) == (

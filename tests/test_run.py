@@ -125,6 +125,20 @@ def test_every_training_process_reports_its_own_rank(tmp_path: Path, launcher: s
         assert len(of_type(messages(path), "metrics")) == 8
 
 
+def test_a_python_without_tuimon_runs_unmonitored_and_is_told_how_to_fix_it(tmp_path: Path) -> None:
+    """The script's interpreter is another environment's (a venv without tuimon): the program still
+    runs, and one line names the Python to use instead and the command that installs tuimon there."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "other")], check=True)
+    other = tmp_path / "other" / "bin" / "python"
+    result, recordings = tuimon_run_command(tmp_path, [str(other), "-c", "print('trained')"], run="other")
+    assert result.returncode == 0 and result.stdout == "trained\n" and recordings == []
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"tuimon: not monitoring this process: {other} cannot import tuimon's publisher")
+    root = Path(__file__).resolve().parents[1]
+    assert line.endswith(f"run the program with {sys.executable}, or install tuimon into its environment: "
+                         f"{other} -m pip install -e {root}")
+
+
 def test_missing_command_is_a_one_line_error(tmp_path: Path) -> None:
     result = subprocess.run([*TUIMON, "run", "--", "no-such-program-xyz"], capture_output=True, text=True)
     assert result.returncode == 2

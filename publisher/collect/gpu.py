@@ -63,8 +63,8 @@ class GpuUnavailable(RuntimeError):
 def no_driver_message(reason: str) -> str:
     """The one line a user sees when GPU telemetry is off because NVML cannot be used."""
     return (
-        f"tuimon: no NVIDIA driver found (NVML: {reason}); GPU panel disabled. "
-        "Use --gpu simulated for a demo source."
+        f"tuimon: no NVIDIA driver found (NVML: {reason}); no GPU readings. Simulated GPUs for a "
+        'demo: Monitor(gpu="simulated"), or `tuimon run --gpu simulated`.'
     )
 
 

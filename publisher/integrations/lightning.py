@@ -12,7 +12,12 @@ accumulation and validation are handled as :mod:`publisher.integrations.lightnin
 
 from __future__ import annotations
 
-from lightning.pytorch import Callback
+from publisher.extras import missing
+
+try:
+    from lightning.pytorch import Callback
+except ModuleNotFoundError as error:
+    raise missing(error, extra="lightning", needed_by=__name__) from None
 
 from publisher.integrations.lightning_hooks import LightningHooks
 

@@ -7,7 +7,12 @@ so this is :mod:`publisher.integrations.lightning`'s callback on that base; the 
 
 from __future__ import annotations
 
-from pytorch_lightning import Callback
+from publisher.extras import missing
+
+try:
+    from pytorch_lightning import Callback
+except ModuleNotFoundError as error:
+    raise missing(error, extra="pytorch-lightning", needed_by=__name__) from None
 
 from publisher.integrations.lightning_hooks import LightningHooks
 

@@ -49,7 +49,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from publisher.extras import missing
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ModuleNotFoundError as error:
+    raise missing(error, extra="transformers", needed_by=__name__) from None
 
 from publisher.collect.batches import batch_size
 from publisher.integrations.session import CallbackSession

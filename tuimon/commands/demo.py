@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from publisher.extras import install_command, python_command, runnable
 from tuimon.commands._options import add_dashboard_options
 from tuimon.errors import UserError
 
@@ -54,7 +55,9 @@ def _default_recording() -> Path:
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("torch") is None:
         raise UserError(
-            "the demo trains a small model with PyTorch, which is not installed: pip install 'tuimon[torch]'"
+            "the demo trains a small model with PyTorch, which is not installed here: "
+            f"{install_command('torch', 'torch')} (`make demo` in tuimon's repository sets up an environment "
+            "with PyTorch's CPU build)"
         )
     if args.steps < 0:
         raise UserError("--steps must be 0 (until you quit) or more")
@@ -83,8 +86,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     if recording.is_file() and recording.stat().st_size:
-        print(f"recording: {recording}\nreplay it with: tuimon replay {recording}")
+        print(f"recording: {recording}\nreplay it with: {tuimon_command()} replay {recording}")
     return 1 if failed else status
+
+
+def tuimon_command() -> str:
+    """``tuimon`` when the PATH has this installation's, else the path of its script (``make demo``
+    does not activate its virtual environment), else the module run by this Python."""
+    script = Path(sys.executable).with_name("tuimon")
+    return runnable("tuimon", script) if script.is_file() else f"{python_command()} -m tuimon.cli"
 
 
 def _report_exit(child: subprocess.Popen[bytes], source: Source, log_path: Path) -> None:

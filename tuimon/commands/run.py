@@ -85,11 +85,17 @@ def child_environment(
 ) -> dict[str, str]:
     """The environment that makes every Python process of the job load the publisher's hooks."""
     from publisher.autohook import AUTOSTART_DIR
+    from publisher.extras import checkout
 
     env = dict(os.environ if base is None else base)
     autostart = str(AUTOSTART_DIR)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (autostart, env.get("PYTHONPATH"))))
     env["TUIMON_AUTOSTART"] = "1"
+    # named by a process that cannot import the publisher (another Python): how to fix that
+    env["TUIMON_PYTHON"] = sys.executable
+    source = checkout()
+    if source is not None:
+        env["TUIMON_SOURCE"] = str(source)
     env["TUIMON_RUN"] = run
     env["TUIMON_GPU"] = gpu
     env["TUIMON_REPEATED_BATCHES"] = "1" if repeated_batches else "0"

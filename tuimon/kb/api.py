@@ -105,11 +105,20 @@ class KnowledgeBase:
 
     def resolve(self, ref: Ref) -> int:
         with self._lock:
+            return self._number(ref)
+
+    def _number(self, ref: Ref) -> int:
+        """The incident ``ref`` names; an error naming this knowledge base when none does (several
+        can exist: ``--kb``, ``$TUIMON_KB``, the config file, the default)."""
+        try:
             return incidents.resolve(self._db, ref)
+        except incidents.UnknownIncident as exc:
+            where = f"the knowledge base at {self.location.path} ({self.location.source})"
+            raise incidents.UnknownIncident(f"{exc} in {where}") from None
 
     def get(self, ref: Ref) -> Incident:
         with self._lock:
-            return incidents.get(self._db, incidents.resolve(self._db, ref))
+            return incidents.get(self._db, self._number(ref))
 
     def list_incidents(
         self, where: IncidentFilter = NO_FILTER, *, limit: int | None = 50, offset: int = 0
@@ -124,11 +133,11 @@ class KnowledgeBase:
 
     def timeline(self, ref: Ref) -> list[Entry]:
         with self._lock:
-            return incidents.timeline(self._db, incidents.resolve(self._db, ref))
+            return incidents.timeline(self._db, self._number(ref))
 
     def context(self, ref: Ref) -> list[ContextRecord]:
         with self._lock:
-            return incidents.context(self._db, incidents.resolve(self._db, ref))
+            return incidents.context(self._db, self._number(ref))
 
     def search(
         self, text: str, *, where: IncidentFilter = NO_FILTER, limit: int = 20
@@ -142,7 +151,7 @@ class KnowledgeBase:
     ) -> similar.SeenBefore:
         """Past incidents of these kinds and what helped, for "seen before" when an event fires."""
         with self._lock, kbdb.read(self._db):
-            number = incidents.resolve(self._db, exclude) if exclude is not None else None
+            number = self._number(exclude) if exclude is not None else None
             return similar.seen_before(self._db, kinds, exclude=number, limit=limit)
 
     # -- change detection ----------------------------------------------------------------------
@@ -255,7 +264,7 @@ class KnowledgeBase:
         found = [capture.as_event(event, run=run, host=host) for event in events]
         captured = capture.capture(found, metrics=metrics, gpu_devices=gpu_devices, window=window)
         with self._lock:
-            return incidents.attach(self._db, incidents.resolve(self._db, ref), found, captured, self.author)
+            return incidents.attach(self._db, self._number(ref), found, captured, self.author)
 
     def add_note(self, ref: Ref, text: str) -> Entry:
         return self._add(ref, "note", text)
@@ -270,14 +279,14 @@ class KnowledgeBase:
 
     def _add(self, ref: Ref, entry_type: str, text: str, **extra: Any) -> Entry:
         with self._lock:
-            number = incidents.resolve(self._db, ref)
+            number = self._number(ref)
             return incidents.add_entry(self._db, number, entry_type, text, self.author, **extra)
 
     def set_status(self, ref: Ref, status: str, *, note: str = "") -> Entry | None:
         """Change the status; returns the status-change entry, or None if it already had it."""
         with self._lock:
             return incidents.set_status(
-                self._db, incidents.resolve(self._db, ref), status, self.author, note=note
+                self._db, self._number(ref), status, self.author, note=note
             )
 
     def update(
@@ -293,7 +302,7 @@ class KnowledgeBase:
         with self._lock:
             return incidents.update(
                 self._db,
-                incidents.resolve(self._db, ref),
+                self._number(ref),
                 self.author,
                 fields=fields,
                 add_tags=add_tags,
@@ -320,7 +329,7 @@ class KnowledgeBase:
             "text": step.text,
         }
         with self._lock:
-            number = incidents.resolve(self._db, ref)
+            number = self._number(ref)
             return incidents.add_entry(self._db, number, "runbook_step", "", self.author, data=data)
 
     # -- Markdown ------------------------------------------------------------------------------
@@ -328,7 +337,7 @@ class KnowledgeBase:
     def render(self, ref: Ref) -> str:
         """The incident as the Markdown an export writes."""
         with self._lock, kbdb.read(self._db):
-            number = incidents.resolve(self._db, ref)
+            number = self._number(ref)
             return render(
                 incidents.get(self._db, number),
                 incidents.timeline(self._db, number),
@@ -346,7 +355,7 @@ class KnowledgeBase:
             raise UserError(f"cannot create {folder}: {exc.strerror}") from None
         with self._lock:
             numbers = (
-                [incidents.resolve(self._db, ref) for ref in refs]
+                [self._number(ref) for ref in refs]
                 if refs
                 else incidents.all_numbers(self._db)
             )

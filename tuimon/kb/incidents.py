@@ -112,6 +112,10 @@ def entry_from_row(row: Mapping[str, Any]) -> Entry:
     )
 
 
+class UnknownIncident(UserError):
+    """No incident answers to what the user gave; the knowledge base adds where it looked."""
+
+
 #: Characters a UUID prefix needs to name an incident.
 _MIN_PREFIX = 4
 
@@ -125,13 +129,13 @@ def resolve(db: sqlite_utils.Database, ref: str | int) -> int:
     """
     number = ref if isinstance(ref, int) else model.number_ref(str(ref))
     if number is not None and not 0 < number <= model.MAX_INT:
-        raise UserError(f"no incident #{str(number)[:24]} in this knowledge base")
+        raise UnknownIncident(f"no incident #{str(number)[:24]}")
     if number is not None:
         if db.execute("SELECT 1 FROM incidents WHERE number = ?", [number]).fetchone() is not None:
             return number
         text = str(ref).strip()
         if isinstance(ref, int) or text.startswith("#") or len(text) < _MIN_PREFIX:
-            raise UserError(f"no incident #{number} in this knowledge base")
+            raise UnknownIncident(f"no incident #{number}")
     prefix = str(ref).strip().lower()
     if len(prefix) < _MIN_PREFIX:
         raise UserError(
@@ -143,8 +147,8 @@ def resolve(db: sqlite_utils.Database, ref: str | int) -> int:
     ).fetchall()
     if not rows:
         if number is not None:
-            raise UserError(f"no incident #{number}, nor one whose id starts {prefix!r}, in this KB")
-        raise UserError(f"no incident with an id starting {prefix!r}")
+            raise UnknownIncident(f"no incident #{number}, nor one whose id starts {prefix!r}")
+        raise UnknownIncident(f"no incident with an id starting {prefix!r}")
     if len(rows) > 1:
         shown = ", ".join(f"#{n} {uid}" for n, uid in rows[:5])
         raise UserError(f"{prefix!r} matches several incidents ({shown}); give more of the UUID")

@@ -16,7 +16,16 @@ if os.environ.get("TUIMON_AUTOSTART") == "1":
         from publisher.autohook import hooks
 
         hooks.install()
-    except Exception as exc:  # e.g. another interpreter without tuimon installed
+    except ModuleNotFoundError as exc:  # another interpreter, without tuimon installed
+        ours = os.environ.get("TUIMON_PYTHON", "the Python tuimon is installed in")
+        source = os.environ.get("TUIMON_SOURCE", "TUIMON_REPOSITORY")
+        print(
+            f"tuimon: not monitoring this process: {sys.executable} cannot import tuimon's publisher "
+            f"({exc}); run the program with {ours}, or install tuimon into its environment: "
+            f"{sys.executable} -m pip install -e {source}",
+            file=sys.stderr,
+        )
+    except Exception as exc:
         print(f"tuimon: not monitoring this process ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
