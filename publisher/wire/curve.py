@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,7 @@ _KEY_MISMATCH = (zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC, zmq.PROTOCOL_ERROR_ZMTP_
 _GET_KEYS = "`tuimon keys` once per job; give the file with --keys or $TUIMON_KEYS"
 
 
-def refusal(event: dict[str, Any], *, serving: bool) -> str:
+def refusal(event: Mapping[str, Any], *, serving: bool) -> str:
     """What to tell the user about a failed handshake (a parsed socket monitor ``event``), on
     either side. Only a failure that CURVE caused is called a CURVE refusal: libzmq says which
     kind it was (authentication, a protocol error and its code, or a peer that broke off), and a
