@@ -22,7 +22,7 @@ Also printed: the CPU used by the publisher's sender thread during the floods, t
 socket's counters (frames refused as junk, requests refused by the rate limits, replies sent),
 and, during the request flood, how long a well-behaved late joiner waited for its snapshot.
 
-Targets (tuimon issue 12): <= 1.10x during a flood, <= 1.02x within 5 s after it.
+Targets: <= 1.10x during a flood, <= 1.02x within 5 s after it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How long the job view takes to draw a 4,096-GPU job (512 nodes x 8 GPUs) at 160x48.
 
-Issue 9's target: a frame of the 4,096-GPU grid in 50 ms or less. Measured on the real app
+The target: a frame of the 4,096-GPU grid in 50 ms or less. Measured on the real app
 (Textual's Pilot, a headless terminal) over a store filled with real node summaries: the time to
 read the job from the store and build the grid's content (every cell of every row, the legend), and,
 for comparison in the same run, the store read alone.

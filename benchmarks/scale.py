@@ -107,7 +107,7 @@ VIEWER_HWM = 1_000_000
 GPU_PERIOD_S = 1.0
 HEARTBEAT_PERIOD_S = 1.0
 GIB = 1 << 30
-#: Targets (tuimon issue 9, the relay tree).
+#: Targets of the relay tree.
 TARGET_DELAY_P95_S = 1.0
 TARGET_NODE_RELAY_CPU = 5.0  # % of one core, for a node of 8 ranks
 TARGET_NODE_RANKS = 8
@@ -699,7 +699,7 @@ def print_preamble(args: argparse.Namespace) -> None:
           f"ranks a node, {per_rank:g} msg/s a rank (metrics {args.rate:g}/s, gpu and heartbeat 1/s); "
           f"{args.warm_up:g} s warm-up, {args.seconds:g} s window; viewers subscribed to "
           + (", ".join(types) if types else "everything"))
-    print(f"targets (tuimon issue 9): delay p95 <= {TARGET_DELAY_P95_S:g} s; a node relay with "
+    print(f"targets: delay p95 <= {TARGET_DELAY_P95_S:g} s; a node relay with "
           f"{TARGET_NODE_RANKS} ranks <= {TARGET_NODE_RELAY_CPU:g} % of one core; the root for "
           f"{TARGET_ROOT_NODES} nodes <= {TARGET_ROOT_CPU:g} % of one core")
     print("offered and delivered: the publishers' messages of the types subscribed to; delay: of every "

@@ -443,7 +443,7 @@ def test_throughput_drop_fires_on_a_lasting_drop_only() -> None:
 
 
 def test_a_step_time_jump_is_named_within_ten_steps_or_a_second() -> None:
-    """Issue 10: a per-step debug routine made every step 17x slower from step 100: nothing fired."""
+    """A per-step debug routine makes every step 17x slower from step 100: named within 10 steps or 1 s."""
     rng = random.Random(3)
     normal = [0.01 * math.exp(rng.gauss(0, 0.1)) for _ in range(100)]
     debug = normal + [0.17 * math.exp(rng.gauss(0, 0.1)) for _ in range(50)]

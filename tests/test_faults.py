@@ -8,10 +8,10 @@ kind within its allowed number of steps (or seconds) after the trigger and no al
 healthy script must raise no warning and no critical event at all. Two scripts also run unmodified
 under ``tuimon run`` (zero-code mode) and must be caught the same way.
 
-Detection delay (tuimon issue 10) is measured from the recordings, in steps and seconds, and
+Detection delay is measured from the recordings, in steps and seconds, and
 printed as a table (``pytest -s``, and in failure messages): once with every cost budget pinned,
 once for the mid-run faults on steps of 10 ms or more with the Monitor's default budgets, where
-the issue's targets must hold. By hand: ``python tests/faults/_harness.py --table [--defaults]``.
+the targets must hold. By hand: ``python tests/faults/_harness.py --table [--defaults]``.
 
 To keep the suite short on two cores, one process runs all the single-process scripts one after
 the other and one pair of gloo processes runs all the 2-process ones (Python and torch start
@@ -37,7 +37,7 @@ import _harness as h  # noqa: E402  (the scripts import it by this name too)
 SCRIPTS = sorted(p.stem for p in FAULTS.glob("*.py") if p.stem.startswith(("fault_", "healthy_")))
 FAULT_CASES = [name for name in SCRIPTS if name.startswith("fault_")]
 HEALTHY_CASES = [name for name in SCRIPTS if name.startswith("healthy_")]
-#: The faults the issue's targets are stated for with the default budgets: mid-run, steps >= 10 ms.
+#: The faults the targets are stated for with the default budgets: mid-run, steps >= 10 ms.
 PACED_MID_RUN = [name for name in FAULT_CASES
                  if h._load(name).trigger > 0 and (h._load(name).step_s or 0.0) >= 0.01]
 
@@ -209,7 +209,7 @@ def test_detection_delays_are_measured_and_tabled(suite: Path) -> None:
 @pytest.mark.parametrize("name", PACED_MID_RUN)
 def test_mid_run_fault_is_caught_in_time_with_default_budgets(defaults_suite: tuple[Path, str],
                                                               name: str) -> None:
-    """Issue 10's targets as a user meets them: default budgets, steps of 10 ms or more."""
+    """The detection-delay targets as a user meets them: default budgets, steps of 10 ms or more."""
     out, table = defaults_suite
     case = _case(name)
     verdict = h.judge(case, h.recordings_of(name, case.world_size, out))

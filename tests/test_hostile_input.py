@@ -1,4 +1,4 @@
-"""Hostile and odd input (tuimon issue 12): each failure found by fuzzing and flooding, kept fixed.
+"""Hostile and odd input: each failure found by fuzzing and flooding, kept fixed.
 
 Real parts throughout: the real decoder, store and app, real ZeroMQ sockets, a real publisher, the
 real knowledge base and its command line in a subprocess.

@@ -597,7 +597,7 @@ def test_through_a_relay_the_viewer_takes_summaries_and_one_focused_rank_per_run
 def test_two_torchrun_nodes_under_tuimon_run_relay_name_a_diverging_replica_by_rank_and_host(
     tmp_path: Path, context: zmq.Context
 ) -> None:
-    """The issue's real run: two "nodes" on this machine (own runtime folders and host names), each
+    """A real run: two "nodes" on this machine (own runtime folders and host names), each
     a torchrun group of 2 gloo ranks of one 4-rank job, launched by `tuimon run --relay ROOT`
     (which starts each node's relay); rank 3, on nodeB, drifts from the other replicas, and rank 2,
     also on nodeB, computes slower (its step time is everyone's: the others wait for it)."""

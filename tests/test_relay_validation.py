@@ -1,4 +1,4 @@
-"""A node relay forwards only valid frames (issue 9): junk from a publisher is counted in the relay's
+"""A node relay forwards only valid frames: junk from a publisher is counted in the relay's
 heartbeat and dropped, never reaches a viewer at the node or at the root, and the valid messages
 around it still do. Real sockets: a raw ZeroMQ PUB as the publisher, two real relays, two SUBs."""
 

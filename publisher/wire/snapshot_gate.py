@@ -4,7 +4,7 @@ A publisher's snapshot socket is open to every user of the node (and beyond, whe
 loopback). Serving it costs the training process CPU time, on the sender thread but under the
 same interpreter lock as training: a flood of junk frames measured 4-6x slower steps, a flood of
 valid requests (each answered with megabytes) 2x, and the backlog kept training 1.5x slower for a
-minute after the flood ended (tuimon issue 12). So the socket is read on a schedule, not on demand:
+minute after the flood ended (benchmarks/flood.py). So the socket is read on a schedule, not on demand:
 at most :data:`FRAMES_PER_SERVE` frames every :data:`SERVE_INTERVAL_S` (the rest wait in
 ZeroMQ's small per-peer queues, which drop beyond their mark, in C), junk is refused by its length
 before any parsing, and replies are metered: per peer, overall, and in bytes per second

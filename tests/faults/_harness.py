@@ -26,7 +26,7 @@ after the last healthy step, step ``trigger``, or when the watcher starts for a 
 the start: every script is measured alike and none has to remember to mark it. (A recording
 without the mark, e.g. from ``tuimon run``, falls back on the ``ts`` of step ``trigger``'s metrics,
 up to ~50 ms late as the Monitor publishes steps in batches, or the run's start.) A case passes
-when the delay is within ``within`` steps or ``within_s`` seconds (tuimon issue 10: a bug present
+when the delay is within ``within`` steps or ``within_s`` seconds (the targets: a bug present
 from the start within 2 steps, one that starts mid-run within max(2 steps, 1 s)).
 :func:`delay_table` tabulates it::
 
@@ -35,7 +35,7 @@ from the start within 2 steps, one that starts mid-run within max(2 steps, 1 s))
 Budgets: by default every cost budget is pinned (:data:`MONITOR_OPTIONS`) so that what is measured,
 and when, does not depend on how loaded the machine is; ``--defaults`` (``Run.defaults``) runs the
 same scripts on the Monitor's own defaults (sampling budgets, memory read every 0.1 s), which is
-what a user gets and what the issue's targets are stated for (on steps of 10 ms or more: the cases
+what a user gets and what the targets are stated for (on steps of 10 ms or more: the cases
 with ``step_s``).
 
 The tests run the scripts as real subprocesses (:func:`run_batch`: one process runs several
@@ -270,10 +270,10 @@ def _on_each_step(optimizer: torch.optim.Optimizer, action: Callable[[], None]) 
 class Case:
     """A training script: healthy (``expect`` empty) or with a bug from loop index ``trigger`` on
     (Monitor step ``trigger + 1``), to be reported within ``within`` steps or, when given,
-    ``within_s`` seconds (whichever allows more: tuimon issue 10's max(2 steps, 1 s)).
+    ``within_s`` seconds (whichever allows more: the target is max(2 steps, 1 s)).
 
     ``step_s``: the step time the script paces its loop to (:func:`paced`), when it does; the
-    issue's targets hold with the Monitor's default budgets on steps of 10 ms or more.
+    targets hold with the Monitor's default budgets on steps of 10 ms or more.
     ``own_process``: :func:`run_batch` runs it in a process of its own, as a training runs: a leak
     measured on the resident set size would otherwise first refill the memory that the scripts
     before it freed (the allocator reuses it), and show late or not at all.

@@ -25,7 +25,7 @@ from typing import Any
 
 from publisher.wire.protocol import read_number, wire_number
 
-#: Seconds between two summaries of a run (the issue's default rate, 2 Hz).
+#: Seconds between two summaries of a run (2 Hz).
 DEFAULT_PERIOD_S = 0.5
 #: Per-rank figures each summary carries, aligned with its ``ranks`` (None where a rank has none).
 PER_RANK = ("step_time", "data_time", "compute_time", "loss")
