@@ -14,22 +14,6 @@ first in odd ones) so that a shared machine's drift hits both arms alike, as
 - ``lightning``: ``lightning.Trainer`` with :mod:`publisher.integrations.lightning`;
 - ``plain``: a hand-written loop calling ``Monitor.step`` (the reference the callbacks add to).
 
-**What is timed.** A timing callback, the same in both arms and placed after ``TuimonCallback``,
-stamps the clock at the end of every optimizer step (HF: ``on_step_end``; Lightning:
-``on_train_batch_end``, one batch a step here; the plain loop: after ``zero_grad``). A step's time
-is the interval between two stamps, so it holds everything the framework and the callback do for
-that step (forward hook, ``on_optimizer_step``, ``Monitor.step``), and nothing of the set-up
-before the first step or of the tear-down after the last. The first ``--warmup`` steps of every
-run are left out in both arms: a fresh Monitor measures every layer and checks every invariant on
-its first steps (bugs present from the start show at once), which is a cost of the run's start,
-not of its steps. The Trainer's own ``train_runtime`` is not used: it starts before
-``on_train_begin`` (where the callback builds the Monitor: a socket, threads, ``run_start``) and
-stops before ``on_train_end`` (where the Monitor closes), so it mixes one-off costs into the step
-time, asymmetrically, and Lightning has no such figure. The one-off cost is printed apart:
-``start+end`` is the median, over repeats, of (``train()``/``fit()`` wall time minus its steps'
-span) with the callback minus without (Monitor start and close, plus the steps before the first
-stamp).
-
 Printed per framework: the median step time without and with the callback (median over repeats
 of each run's median), ``ratio``, the median over repeats of (with / without) of the two runs of
 a repeat, which a machine whose load changes during the run disturbs less than a ratio of
@@ -41,6 +25,8 @@ wall time (a slowed run takes longer, not more CPU).
 Target: the callback is a Monitor (README, "What monitoring costs": within noise of 1.00x at
 ~25 ms steps); the callbacks' own work per step (a forward hook, a loss queued on its device) is
 a few microseconds, so ``hf`` and ``lightning`` should read like ``plain``.
+
+What is timed, and why not the Trainer's own ``train_runtime``: docs/benchmarks.md.
 """
 
 from __future__ import annotations

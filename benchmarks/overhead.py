@@ -2,45 +2,18 @@
 
     python benchmarks/overhead.py [--quick] [--threads N] [--device cpu|cuda]
 
-For two model sizes (a ~1 ms step and a >= 20 ms step, CPU, fixed thread count) and four
-conditions, two identical models train in alternating blocks, one plain and one watched by a
-Monitor (ABBA order, so slow drift of a shared machine cancels out; two models because a Monitor's
-optimizer hooks stay on its optimizer between blocks). The table gives the median step time of
-each arm and the ratio: the median over rounds of the ratio of two adjacent blocks, which a
-machine whose load changes during the run disturbs far less than a ratio of overall medians.
-Conditions:
-
-- ``no viewer``: the publisher and the step detectors, nobody subscribes (per-layer samples and
-  invariants off);
-- ``live viewer``: the same, a real subscriber process reads and decodes every message;
-- ``frozen viewer``: the same, a real subscriber process connects and is then stopped (SIGSTOP);
-  its queue is filled to the high-water mark before measuring, so the publisher is dropping for it;
-- ``full``: everything a default Monitor does: detectors, training invariants (optimizer hooks),
-  per-layer samples (gradient and weight norms, update ratios, module output statistics, within
-  their default 1 % cost budget), memory readings, the batches taken through ``track_data``
-  (timed and fingerprinted) and the watched ``cross_entropy`` call; no viewer. Also printed for
-  it: the per-step time spent inside the sampler and the invariant checker, measured from inside.
-
-Also printed: ``cpu``, the process's CPU time (every thread: publisher, detectors, GPU sampler)
-with the Monitor over without it, which other programs on a shared machine disturb less than wall
-time.
-
-``--device cuda`` (a GPU machine: ``make gpu-check`` runs it) measures the same conditions with the
-models, their batches and the Monitor on the GPU, at two sizes of its own (:data:`CUDA_SIZES`: a
-launch-bound step under a millisecond and a compute-bound one of ~10-50 ms on an H100/H200-class
-card), with NVML readings (``gpu="auto"``) instead of the simulated source. CUDA runs
-asynchronously, so each timed step ends with ``torch.cuda.synchronize()`` in both arms, after
-``mon.step()``: a step's time is then the device's work plus whatever of the host's the device
-did not hide, the Monitor's queued kernels and copies included (CUDA semantics, "Asynchronous
-execution": https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution). The CPU
-path is unchanged by this option.
+Two step sizes (~1 ms and >= 20 ms) and four conditions (no viewer, a live viewer, a frozen viewer,
+``full``: everything a default Monitor does); a plain and a watched model train in alternating
+blocks, and the ratio is the median of adjacent blocks' ratios.
 
 Targets: ratio <= 1.02 at >= 20 ms steps, <= 1.05 at ~1 ms (TrainCheck, OSDI 2025: median
 1.05x, worst 1.6x). Also printed: the median cost of one ``mon.step()`` call in microseconds, the
 messages the publisher dropped (queue full), and ``hooks``: per step, the time spent in the
-sampler's and the checker's hooks and assembly (``full`` only; part of the ratio, not added to it). What a
-frozen viewer misses is not in that count: ZeroMQ drops it for that viewer alone, silently; the
+sampler's and the checker's hooks and assembly (``full`` only; part of the ratio, not added to
+it). What a frozen viewer misses is not in that count: ZeroMQ drops it for that viewer alone, silently; the
 viewer sees gaps in ``seq``.
+
+How it measures (ABBA blocks, the conditions, ``--device cuda``): docs/benchmarks.md.
 """
 
 from __future__ import annotations

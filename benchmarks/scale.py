@@ -36,16 +36,7 @@ its publishers. The root's CPU at 512 nodes is a straight line fitted through th
 (fixed cost + cost per node). It is pessimistic if anything: at low rates each message costs the
 proxy a wake-up, and a busier root batches more messages per wake-up.
 
-Why these numbers. The relays forward with libzmq's proxy (zmq_proxy_steerable(3): XSUB to XPUB,
-frames moved in C), the XPUB/XSUB intermediary of the ZeroMQ guide (chapter 2, "The Dynamic
-Discovery Problem"), so forwarding should cost little per message; what a larger tree risks is
-the relays' own work growing with it, loss and delay. A PUB or XPUB that reaches a subscriber's
-high-water mark drops for that subscriber, silently (zmq_socket(3), "mute state"; the guide,
-chapter 2, "High-Water Marks"): only ``seq`` gaps show it. A SUB misses what is sent before its
-connection is made (the guide, chapter 1, the "slow joiner"), hence the warm-up before measuring.
-All processes share this machine's cores, so a large tree on a small machine measures scheduling
-delay too: the machine's CPU use is printed beside each row, and the direct column sees the same
-load.
+Why these numbers (libzmq's proxy, high-water marks, slow joiners, a shared machine): docs/benchmarks.md.
 """
 
 from __future__ import annotations
