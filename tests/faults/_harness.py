@@ -19,24 +19,11 @@ With ``--plain`` nothing is watched: ``tuimon run`` instruments the script (zero
 Steps are the Monitor's: the first optimizer step is step 1. A script's ``trigger`` is the index
 (from 0) of the first loop iteration with the fault, i.e. Monitor step ``trigger + 1``.
 
-Detection delay: from the trigger to the first message of an expected event, in steps (event step
-minus ``trigger + 1``) and in seconds (wall time, the messages' ``ts``). The trigger's time is a
-mark the harness leaves in the recording (an ``info`` event of kind :data:`TRIGGER_KIND`) right
-after the last healthy step, step ``trigger``, or when the watcher starts for a bug present from
-the start: every script is measured alike and none has to remember to mark it. (A recording
-without the mark, e.g. from ``tuimon run``, falls back on the ``ts`` of step ``trigger``'s metrics,
-up to ~50 ms late as the Monitor publishes steps in batches, or the run's start.) A case passes
-when the delay is within ``within`` steps or ``within_s`` seconds (the targets: a bug present
-from the start within 2 steps, one that starts mid-run within max(2 steps, 1 s)).
-:func:`delay_table` tabulates it::
+Detection delay is measured from a mark the harness leaves at the trigger to the first message
+of an expected event, in steps and seconds, on pinned budgets or (``--defaults``) the Monitor's own;
+how, and why, in docs/detectors.md ("How detection delay is measured")::
 
     python tests/faults/_harness.py --table [--defaults] [NAME...]
-
-Budgets: by default every cost budget is pinned (:data:`MONITOR_OPTIONS`) so that what is measured,
-and when, does not depend on how loaded the machine is; ``--defaults`` (``Run.defaults``) runs the
-same scripts on the Monitor's own defaults (sampling budgets, memory read every 0.1 s), which is
-what a user gets and what the targets are stated for (on steps of 10 ms or more: the cases
-with ``step_s``).
 
 The tests run the scripts as real subprocesses (:func:`run_batch`: one process runs several
 scripts one after the other, so Python and torch start once) or in-process (:func:`run_case`; a
