@@ -5,7 +5,8 @@ lives in (``from publisher import Monitor, StatsConfig, InvariantConfig``). The 
 each part does:
 
 - ``monitor.py``: the :class:`Monitor` façade, the training thread's side; ``wiring.py`` builds
-  and joins its collaborators;
+  its collaborators; ``reporter.py`` publishes each finished step, event and GPU reading and shows
+  them to the detectors, off the training thread; ``telemetry_errors.py`` counts what failed;
 - ``wire/``: what crosses the process boundary (protocol, publisher socket, recording, registry);
 - ``collect/``: gathering a step's numbers without slowing it (step worker thread, cost budgets,
   device fetch, memory, GPUs through NVML, identity and environment);

@@ -8,21 +8,21 @@
     mon.close()                               # or: with Monitor(...) as mon: ...
 
 This module is the training thread's side: it reads a few numbers and queues a few device
-operations per step. Everything it feeds is built in :mod:`publisher.wiring`: assembling,
-publishing and the detectors run on the step worker's thread (:mod:`publisher.collect.step_worker`),
-encoding, sending and recording on the publisher's, GPU polling on the sampler's. On CUDA the
-step's numbers reach the host through one asynchronous copy (:mod:`publisher.collect.fetch`): no
-host-device synchronisation per step. Every few steps a per-layer sample
-(:mod:`publisher.stats.sampler`) rides along; the training invariants (:mod:`publisher.invariants`)
-watch the optimizers through their hooks. Telemetry must never cost a run: after construction,
-nothing here raises because of monitoring (errors are counted in :attr:`Monitor.telemetry_errors`
-and logged once).
+operations per step, then hands the finished step (:class:`~publisher.reporter.FinishedStep`) to
+the step worker's thread (:mod:`publisher.collect.step_worker`). Everything it feeds is built in
+:mod:`publisher.wiring`: publishing the step and showing it to the detectors
+(:mod:`publisher.reporter`) run on the step worker's thread, encoding, sending and recording on
+the publisher's, GPU polling on the sampler's. On CUDA the step's numbers reach the host through
+one asynchronous copy (:mod:`publisher.collect.fetch`): no host-device synchronisation per step.
+Every few steps a per-layer sample (:mod:`publisher.stats.sampler`) rides along; the training
+invariants (:mod:`publisher.invariants`) watch the optimizers through their hooks. Telemetry must
+never cost a run: after construction, nothing here raises because of monitoring (errors are
+counted in :attr:`Monitor.telemetry_errors` and logged once).
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
 import math
 import os
 import threading
@@ -46,17 +46,15 @@ from publisher.collect.readings import StepReadings
 from publisher.collect.timing import StepTimer
 from publisher.detectors import Detector
 from publisher.invariants import InvariantConfig
+from publisher.reporter import FinishedStep
 from publisher.stats.grad_norm import BudgetedGradNorm, GradNorms
 from publisher.stats.layer_sample import SampleLayout
 from publisher.stats.sampler import StatsConfig
-from publisher.wire.event_kinds import EVENT_KINDS
-from publisher.wire.jsonsafe import json_safe, truncate
-from publisher.wire.protocol import RUN_END_STATUSES, SEVERITIES
+from publisher.telemetry_errors import TelemetryErrors
+from publisher.wire.protocol import RUN_END_STATUSES
 from publisher.wire.run_end import end_status, end_status_at_exit
 from publisher.wire.validation import MAX_METRICS, MAX_NAME_CHARS
-from publisher.wiring import MonitorParts, TelemetryErrors
-
-log = logging.getLogger(__name__)
+from publisher.wiring import MonitorParts
 
 T = TypeVar("T")
 
@@ -146,7 +144,8 @@ class Monitor:
             invariants=InvariantConfig() if invariants is True else invariants or None,
             hang_after_s=hang_after_s,
         )
-        self._context = self._parts.detectors.context
+        self._reporter = self._parts.reporter
+        self._context = self._reporter.detectors.context
         self._context.repeated_batches = bool(repeated_batches)
         self._context.optimizers = len(self._params.optimizers)
         self._calls = torch_calls.watch(self._saw_classes)
@@ -353,7 +352,8 @@ class Monitor:
                 metrics["grad_norm"]):
             # Not a sampled step, but the gradients went bad: say which ones.
             layout = self._layers.gradient_layout(grads)
-        self._parts.worker.submit((step, metrics, grad_norms, layout, sample_arrays, readings.batches))
+        finished = FinishedStep(step, metrics, grad_norms, layout, sample_arrays, readings.batches)
+        self._parts.worker.submit(finished)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Watch one more optimizer (a GAN's second one): its parameters join the gradient norm,
@@ -425,23 +425,9 @@ class Monitor:
         step. Returns the event's id, or None if it could not be published.
         """
         try:
-            known = EVENT_KINDS.get(kind)
-            if severity not in SEVERITIES:
-                if severity is not None:
-                    log.warning("tuimon: unknown severity %r for event %r; using the default", severity, kind)
-                severity = known.default_severity if known else "info"
-            event_id = self._parts.detectors.tracker.new_id()
-            self.publisher.publish(
-                "event",
-                step=(self._step or None) if step is None else step,
-                id=event_id,
-                severity=severity,
-                kind=truncate(str(kind), MAX_NAME_CHARS),
-                message=truncate(str(message)),
-                details=json_safe(details),
-                count=1,
-            )
-            return event_id
+            if step is None:
+                step = self._step or None
+            return self._reporter.event(kind, message, severity, step, details)
         except Exception as exc:
             self._telemetry_failed("event()", exc)
             return None
