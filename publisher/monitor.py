@@ -13,7 +13,7 @@ the step worker's thread (:mod:`publisher.collect.step_worker`). Everything it f
 :mod:`publisher.wiring`: publishing the step and showing it to the detectors
 (:mod:`publisher.reporter`) run on the step worker's thread, encoding, sending and recording on
 the publisher's, GPU polling on the sampler's. On CUDA the step's numbers reach the host through
-one asynchronous copy (:mod:`publisher.collect.fetch`): no host-device synchronisation per step.
+one asynchronous copy (:mod:`publisher.measure.fetch`): no host-device synchronisation per step.
 Every few steps a per-layer sample (:mod:`publisher.stats.sampler`) rides along; the training
 invariants (:mod:`publisher.invariants`) watch the optimizers through their hooks. Telemetry must
 never cost a run: after construction, nothing here raises because of monitoring (errors are
@@ -38,7 +38,6 @@ from publisher.collect import torch_calls
 from publisher.collect.batches import BatchPrint, LoaderBook, LoaderPasses
 from publisher.collect.compute_time import ComputeTimer
 from publisher.collect.cpu_wait import CpuWait
-from publisher.collect.fetch import DeviceFetch
 from publisher.collect.identity import default_rank, default_run_name, default_world_size
 from publisher.collect.memory import DEFAULT_INTERVAL_S, MemoryReader
 from publisher.collect.params import TrainedParams
@@ -46,6 +45,7 @@ from publisher.collect.readings import StepReadings
 from publisher.collect.timing import StepTimer
 from publisher.detectors import Detector
 from publisher.invariants import InvariantConfig
+from publisher.measure.fetch import DeviceFetch
 from publisher.reporter import FinishedStep
 from publisher.stats.grad_norm import BudgetedGradNorm, GradNorms
 from publisher.stats.layer_sample import SampleLayout

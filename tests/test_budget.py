@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from publisher.collect.budget import CostBudget, Schedule, StepClock
+from publisher.measure.budget import CostBudget, Schedule, StepClock
 
 
 def test_a_measurement_within_its_budget_keeps_its_period_and_a_costly_one_is_spaced_out() -> None:

@@ -21,8 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from publisher.collect.budget import StepClock
 from publisher.invariants import INVARIANT_NAMES, InvariantChecker, InvariantConfig
+from publisher.measure.budget import StepClock
 from publisher.wire.event_kinds import EVENT_KINDS
 
 FAULTS = Path(__file__).resolve().parent / "faults"

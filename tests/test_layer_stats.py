@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from publisher.collect.fetch import DeviceFetch
 from publisher.collect.memory import MemoryReader
+from publisher.measure.fetch import DeviceFetch
 from publisher.monitor import Monitor
 from publisher.stats.grad_norm import GradNormer
 from publisher.stats.layer_sample import ACTIVATION_FIELDS, spread

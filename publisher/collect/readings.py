@@ -2,7 +2,7 @@
 
 Reading a CUDA scalar (``.item()``) waits for the GPU; so a number on the CPU is read at once
 (free) and one on an accelerator is set aside for the step's single asynchronous copy
-(:mod:`publisher.collect.fetch`).
+(:mod:`publisher.measure.fetch`).
 """
 
 from __future__ import annotations

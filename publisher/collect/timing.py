@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from publisher.collect.budget import StepClock
+from publisher.measure.budget import StepClock
 
 T = TypeVar("T")
 

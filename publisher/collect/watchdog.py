@@ -12,7 +12,7 @@ completed for longer than a threshold, and the heartbeat carries it
 (:meth:`HangWatchdog.heartbeat_fields`, called on the publisher's thread).
 
 The threshold is fixed (``after_s``) or adapts to the run: ``max(floor_s, 10 x the typical step)``,
-the typical step being the median of the recent ones (:class:`~publisher.collect.budget.StepClock`),
+the typical step being the median of the recent ones (:class:`~publisher.measure.budget.StepClock`),
 so that a run of 30 s steps is not called stuck at 5 s; relays judge hangs with the same rule
 (``tuimon/relay/watch.py``). Until the second step no typical step is known and the floor applies.
 

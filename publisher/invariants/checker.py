@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from publisher.collect.budget import CostBudget, CostMeter, Schedule, StepClock
 from publisher.invariants.config import INVARIANT_NAMES, InvariantConfig
 from publisher.invariants.core import EmitStatus, EmitViolation, PendingResults, StatusBoard, WatchedOptimizer
 from publisher.invariants.grad_arrival import ArrivalCheck
@@ -42,9 +41,10 @@ from publisher.invariants.replicas import ReplicaCheck
 from publisher.invariants.step_effect import StepEffectCheck
 from publisher.invariants.ties import TieCheck
 from publisher.invariants.train_mode import TrainModeCheck
+from publisher.measure.budget import CostBudget, CostMeter, Schedule, StepClock
+from publisher.measure.check import Check
+from publisher.measure.tensors import ParamNamer, unwrap
 from publisher.stats.discovery import RootDiscovery
-from publisher.stats.hooks import Check
-from publisher.stats.tensors import ParamNamer, unwrap
 
 _log = logging.getLogger(__name__)
 

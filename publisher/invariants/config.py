@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from publisher.collect.budget import check_share
+from publisher.measure.budget import check_share
 
 #: Invariant status name -> the event kind (``publisher.wire.event_kinds``) its violation emits.
 KIND_OF: dict[str, str] = {

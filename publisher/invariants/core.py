@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from publisher.collect.fetch import HostValue
 from publisher.invariants.config import INVARIANT_NAMES, KIND_OF
-from publisher.stats.hooks import Check
-from publisher.stats.tensors import ParamNamer
+from publisher.measure.check import Check
+from publisher.measure.fetch import HostValue
+from publisher.measure.tensors import ParamNamer
 from publisher.wire.event_kinds import EVENT_KINDS
 
 #: Reports one violation episode: ``(kind, severity, message, step, details)``. The invariant link

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from publisher.collect.budget import Schedule
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import PendingResults, StatusBoard, WatchedOptimizer
-from publisher.stats.hooks import Check
-from publisher.stats.tensors import ParamNamer, stack_on
+from publisher.measure.budget import Schedule
+from publisher.measure.check import Check
+from publisher.measure.tensors import ParamNamer, stack_on
 
 CLEARED = "grads_cleared"
 

@@ -17,10 +17,10 @@ The post-hook runs before the user's ``scheduler.step()``, so the lr read is the
 
 from __future__ import annotations
 
-from publisher.collect.budget import Schedule
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import StatusBoard, WatchedOptimizer
-from publisher.stats.hooks import Check
+from publisher.measure.budget import Schedule
+from publisher.measure.check import Check
 
 UPDATES = "optimizer_changes_params"
 

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from publisher.collect.budget import StepClock
 from publisher.detectors.base import Finding
 from publisher.detectors.episodes import EpisodeTracker
 from publisher.invariants import InvariantChecker, InvariantConfig
 from publisher.invariants.config import KIND_OF
+from publisher.measure.budget import StepClock
 from publisher.wire.jsonsafe import json_safe
 
 Publish = Callable[..., None]

@@ -17,8 +17,8 @@ from torch import nn
 from publisher.detectors.base import name_list
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import StatusBoard, WatchedOptimizer
-from publisher.stats.hooks import Check
-from publisher.stats.tensors import ParamNamer
+from publisher.measure.check import Check
+from publisher.measure.tensors import ParamNamer
 
 OWNED = "optimizer_owns_trainables"
 

@@ -32,13 +32,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from publisher.collect.budget import Schedule
-from publisher.collect.fetch import HostValue
 from publisher.detectors.base import name_list
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import StatusBoard
-from publisher.stats.hooks import Check
-from publisher.stats.tensors import ParamNamer, stack_on
+from publisher.measure.budget import Schedule
+from publisher.measure.check import Check
+from publisher.measure.fetch import HostValue
+from publisher.measure.tensors import ParamNamer, stack_on
 
 REPLICAS = "replicas_consistent"
 _DISTRIBUTED = dist.is_available()

@@ -40,12 +40,12 @@ from functools import partial
 
 import torch
 
-from publisher.collect.budget import Schedule
 from publisher.detectors.base import name_list
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import PendingResults, StatusBoard, WatchedOptimizer
-from publisher.stats.hooks import Check
-from publisher.stats.tensors import ParamNamer, flat_sample, is_checkable, sample_stride
+from publisher.measure.budget import Schedule
+from publisher.measure.check import Check
+from publisher.measure.tensors import ParamNamer, flat_sample, is_checkable, sample_stride
 
 UPDATES = "optimizer_changes_params"
 FROZEN = "frozen_stay_frozen"

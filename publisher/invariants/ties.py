@@ -86,12 +86,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from publisher.collect.budget import Schedule
 from publisher.detectors.base import name_list
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import PendingResults, StatusBoard
-from publisher.stats.hooks import Check
-from publisher.stats.tensors import flat_sample, sample_stride, stack_on
+from publisher.measure.budget import Schedule
+from publisher.measure.check import Check
+from publisher.measure.tensors import flat_sample, sample_stride, stack_on
 
 TIES = "ties_hold"
 

@@ -25,11 +25,11 @@ from functools import partial
 import torch
 from torch import nn
 
-from publisher.collect.budget import Schedule
 from publisher.detectors.base import name_list
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import StatusBoard
-from publisher.stats.hooks import Check
+from publisher.measure.budget import Schedule
+from publisher.measure.check import Check
 
 MODE = "model_in_train_mode"
 

@@ -1,3 +1,3 @@
-"""Per-layer statistics (gradient and weight norms, update ratios, activation statistics) and the
-small torch helpers that the statistics, the detectors and the invariant checks share.
+"""Per-layer statistics: gradient and weight norms, update ratios, activation statistics, taken on
+sampled steps within their cost budget, and finding the model's roots from the optimizers.
 """

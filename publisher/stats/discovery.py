@@ -16,8 +16,8 @@ from collections.abc import Callable
 from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from publisher.collect.budget import Schedule
-from publisher.stats.hooks import Check
+from publisher.measure.budget import Schedule
+from publisher.measure.check import Check
 
 _PATIENCE = 10
 

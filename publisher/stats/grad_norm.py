@@ -2,7 +2,7 @@
 
 One fused ``_foreach_norm`` over every gradient gives both at once, on the device; nothing here
 reads a device tensor (the values reach the host with the step's other numbers,
-:mod:`publisher.collect.fetch`). On a CPU reading every gradient costs real time (about 1 ms for
+:mod:`publisher.measure.fetch`). On a CPU reading every gradient costs real time (about 1 ms for
 2M parameters), so outside layer samples the norm keeps to a share of the step time
 (:class:`BudgetedGradNorm`).
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from publisher.collect.budget import CostBudget, StepClock
-from publisher.stats.tensors import stack_on
+from publisher.measure.budget import CostBudget, StepClock
+from publisher.measure.tensors import stack_on
 
 
 @dataclass
@@ -80,7 +80,7 @@ class BudgetedGradNorm:
     """The gradient norms on as many steps as ``budget`` (a share of the step time) allows.
 
     Their cost on the calling thread is measured each time
-    (:class:`~publisher.collect.budget.CostBudget`), and the next computation waits as many steps
+    (:class:`~publisher.measure.budget.CostBudget`), and the next computation waits as many steps
     as keep the average within the share. On a GPU the kernels are only queued, so the cost is a
     few microseconds and the norm is there on every step.
     """

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from publisher.collect.budget import CostMeter
-from publisher.stats.tensors import flat_sample, sample_stride
+from publisher.measure.budget import CostMeter
+from publisher.measure.tensors import flat_sample, sample_stride
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ the step time on average. A sample:
   batch); the forward hooks exist only while a sample is being taken.
 
 Everything is computed on the device and read back together with the step's loss in one
-transfer (:mod:`publisher.collect.fetch`); nothing here reads a device tensor.
+transfer (:mod:`publisher.measure.fetch`); nothing here reads a device tensor.
 
 Defaults follow public tools: SageMaker Debugger samples tensors every N steps
 (its rules default to a few hundred steps; detection latency matters more here, hence 10) and
 AutoTrainer (ICSE 2021) reports ~1 % overhead on healthy runs: the order of all the Monitor's budgets together
-(:mod:`publisher.collect.budget`).
+(:mod:`publisher.measure.budget`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from publisher.collect.budget import CostBudget, CostMeter, Schedule, check_share
+from publisher.measure.budget import CostBudget, CostMeter, Schedule, check_share
+from publisher.measure.tensors import ParamNamer, unwrap
 from publisher.stats.discovery import RootDiscovery
 from publisher.stats.grad_norm import FusedNorms, GradNorms
 from publisher.stats.layer_sample import SampleLayout, spread
 from publisher.stats.probes import ActivationProbe, UpdateProbe
-from publisher.stats.tensors import ParamNamer, unwrap
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class LayerSampler:
     def advance(self, step_time: float | None) -> None:
         """After each ``Monitor.step``: choose the next sampled step and arm the probes for it.
 
-        ``step_time``: the typical step time in seconds (:class:`~publisher.collect.budget.StepClock`), or
+        ``step_time``: the typical step time in seconds (:class:`~publisher.measure.budget.StepClock`), or
         None when not known yet; what the ``budget`` is a share of.
         """
         self._calls += 1

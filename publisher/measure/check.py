@@ -3,12 +3,12 @@
 The invariant checks and root discovery put hooks on the user's optimizers, modules and tensors.
 A bug in one of them must never stop a training run, and what they cost must be known: each is a
 :class:`Check`, which its owner switches off (``dead``) when it raises and whose hooks run inside
-a shared :class:`~publisher.collect.budget.CostMeter`.
+a shared :class:`~publisher.measure.budget.CostMeter`.
 """
 
 from __future__ import annotations
 
-from publisher.collect.budget import CostMeter
+from publisher.measure.budget import CostMeter
 
 
 class Check:
