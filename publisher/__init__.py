@@ -8,9 +8,13 @@ each part does:
   its collaborators; ``reporter.py`` publishes each finished step, event and GPU reading and shows
   them to the detectors, off the training thread; ``telemetry_errors.py`` counts what failed;
 - ``wire/``: what crosses the process boundary (protocol, publisher socket, recording, registry);
-- ``collect/``: gathering a step's numbers without slowing it (step worker thread, cost budgets,
-  device fetch, memory, GPUs through NVML, identity and environment);
-- ``stats/``: per-layer statistics and the torch helpers shared with the checks;
+- ``readings/``: what the training thread reads: a step's numbers (timing, compute time, memory,
+  batch fingerprints, the trained parameters), and once, who the process is;
+- ``collect/``: what runs beside the training thread (step worker, hang watchdog, GPUs through
+  NVML) and the watched torch calls;
+- ``measure/``: what the statistics and the checks share (cost budgets, the device fetch, the base
+  of hooked checks, torch helpers);
+- ``stats/``: per-layer statistics;
 - ``detectors/``: anomaly detectors and the episodes that fold their findings into events;
 - ``invariants/``: training invariants (after TrainCheck, OSDI 2025) checked from hooks;
 - ``autohook/``: zero-code instrumentation for ``tuimon run``.

@@ -35,17 +35,17 @@ from typing import Any, TypeVar
 import torch
 
 from publisher.collect import torch_calls
-from publisher.collect.batches import BatchPrint, LoaderBook, LoaderPasses
-from publisher.collect.compute_time import ComputeTimer
-from publisher.collect.cpu_wait import CpuWait
-from publisher.collect.identity import default_rank, default_run_name, default_world_size
-from publisher.collect.memory import DEFAULT_INTERVAL_S, MemoryReader
-from publisher.collect.params import TrainedParams
-from publisher.collect.readings import StepReadings
-from publisher.collect.timing import StepTimer
 from publisher.detectors import Detector
 from publisher.invariants import InvariantConfig
 from publisher.measure.fetch import DeviceFetch
+from publisher.readings.batches import BatchPrint, LoaderBook, LoaderPasses
+from publisher.readings.compute_time import ComputeTimer
+from publisher.readings.cpu_wait import CpuWait
+from publisher.readings.identity import default_rank, default_run_name, default_world_size
+from publisher.readings.memory import DEFAULT_INTERVAL_S, MemoryReader
+from publisher.readings.params import TrainedParams
+from publisher.readings.step import StepReadings
+from publisher.readings.timing import StepTimer
 from publisher.reporter import FinishedStep
 from publisher.stats.grad_norm import BudgetedGradNorm, GradNorms
 from publisher.stats.layer_sample import SampleLayout
@@ -90,7 +90,7 @@ class Monitor:
     ``invariants``: the training invariants (:mod:`publisher.invariants`): True for the defaults,
     an :class:`~publisher.invariants.InvariantConfig`, or False. They need the optimizer(s).
     ``memory_interval_s``: how often host and CUDA memory are read at least (0: every step); they
-    are also read every few steps (:data:`~publisher.collect.memory.DEFAULT_EVERY_STEPS`).
+    are also read every few steps (:data:`~publisher.readings.memory.DEFAULT_EVERY_STEPS`).
     ``hang_after_s``: seconds without a step after which the thread that calls :meth:`step`
     counts as stalled, and heartbeats carry its Python stack and whether it waits in a
     collective (:mod:`publisher.collect.watchdog`); None (the default) for max(5 s, 10 typical
@@ -182,7 +182,7 @@ class Monitor:
         ``step_time`` and throughput since the previous call, ``data_time`` (given, or measured
         by :meth:`track_data`), ``compute_time`` (the step's own work, from its first batch to
         its last gradient, so without the wait in DDP's all-reduce; on a CUDA device timed by
-        events, for the latest step the device has finished: :mod:`publisher.collect.compute_time`),
+        events, for the latest step the device has finished: :mod:`publisher.readings.compute_time`),
         memory (``host_mem_bytes``, ``cuda_mem_*``, every ``memory_interval_s``), on sampled
         steps ``param_norm``, ``update_ratio`` and the per-layer ``layers`` payload, and any
         numeric ``extra`` (an extra with a standard name, such as ``grad_norm=`` or ``lr=``,

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from publisher.collect import sysinfo
-from publisher.collect.batches import BatchPrint
 from publisher.collect.gpu import GpuSource
-from publisher.collect.identity import describe_model
 from publisher.detectors import Detector, DetectorSet
+from publisher.readings import sysinfo
+from publisher.readings.batches import BatchPrint
+from publisher.readings.identity import describe_model
 from publisher.stats.layer_sample import LayerSample, SampleLayout
 from publisher.telemetry_errors import TelemetryErrors
 from publisher.wire.event_kinds import EVENT_KINDS

@@ -16,14 +16,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from publisher.collect.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
-from publisher.collect.identity import local_rank
-from publisher.collect.params import TrainedParams
 from publisher.collect.step_worker import StepWorker
-from publisher.collect.timing import StepTimer
 from publisher.collect.watchdog import HangWatchdog
 from publisher.detectors import Detector, default_detectors
 from publisher.invariants import InvariantConfig
 from publisher.invariants.link import InvariantLink
+from publisher.readings.identity import local_rank
+from publisher.readings.params import TrainedParams
+from publisher.readings.timing import StepTimer
 from publisher.reporter import FinishedStep, Reporter
 from publisher.stats.sampler import LayerSampler, StatsConfig
 from publisher.telemetry_errors import TelemetryErrors

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from publisher.collect.cpu_wait import SCHEDSTAT, CpuWait
+from publisher.readings.cpu_wait import SCHEDSTAT, CpuWait
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SCHEDSTAT) or not hasattr(os, "sched_setaffinity"),
                                 reason="needs Linux scheduler statistics")

@@ -15,10 +15,10 @@ from test_monitor import messages_in, of_type
 from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomSampler
 
 from publisher.collect import torch_calls
-from publisher.collect.batches import LoaderBook, loader_shuffles
 from publisher.detectors import Finding
 from publisher.detectors.data import DuplicateBatches
 from publisher.monitor import Monitor
+from publisher.readings.batches import LoaderBook, loader_shuffles
 
 
 class Procedural(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from publisher.collect.memory import MemoryReader
 from publisher.measure.fetch import DeviceFetch
 from publisher.monitor import Monitor
+from publisher.readings.memory import MemoryReader
 from publisher.stats.grad_norm import GradNormer
 from publisher.stats.layer_sample import ACTIVATION_FIELDS, spread
 from publisher.stats.probes import activation_stats, rows_per_unit

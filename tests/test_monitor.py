@@ -16,8 +16,8 @@ import zmq
 from conftest import wait_until
 from publisher_client import Message, receive_until, request_snapshot, subscribe
 
-from publisher.collect.compute_time import ComputeTimer, HostMarks, marks_for
 from publisher.monitor import Monitor
+from publisher.readings.compute_time import ComputeTimer, HostMarks, marks_for
 from publisher.wire.protocol import decode, read_number
 
 

@@ -17,7 +17,7 @@ What is hooked, all through public PyTorch extension points or thin wrappers:
   previous step are averaged (gradient accumulation, LBFGS closures).
 - ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``), its arrival
   (where ``compute_time`` starts), its size (``samples_per_s``) and its fingerprint (repeated
-  batches: :mod:`publisher.collect.batches`).
+  batches: :mod:`publisher.readings.batches`).
 - The Monitor's hang watchdog (:mod:`publisher.collect.watchdog`) follows the thread that steps
   the primary optimizer, as it follows the caller of ``Monitor.step`` in a hand-written loop.
 - ``clip_grad_norm_``, ``clip_grad_value_`` and ``cross_entropy`` are watched
@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from publisher.collect.batches import LoaderBook, LoaderPasses
     from publisher.monitor import Monitor
+    from publisher.readings.batches import LoaderBook, LoaderPasses
 
 log = logging.getLogger("tuimon.publisher")
 
@@ -88,8 +88,8 @@ class _Session:
         self.depth = 0
 
     def start_monitor(self, optimizer: Any) -> None:
-        from publisher.collect.identity import default_rank, endpoint_for
         from publisher.monitor import Monitor
+        from publisher.readings.identity import default_rank, endpoint_for
 
         # By the first optimizer step torch.distributed is initialised, so the rank is known.
         rank = default_rank()
@@ -141,7 +141,7 @@ class _Session:
             self.stop(exc)
 
     def _take_loss(self) -> Any:
-        from publisher.collect.readings import step_loss
+        from publisher.readings.step import step_loss
 
         losses = list(self.losses)
         self.losses.clear()
@@ -185,7 +185,7 @@ def _instrument(torch: ModuleType) -> None:
     backward.__doc__ = original_backward.__doc__
     torch.Tensor.backward = backward
 
-    from publisher.collect.batches import batch_size
+    from publisher.readings.batches import batch_size
 
     original_next = _BaseDataLoaderIter.__next__
 
@@ -208,7 +208,7 @@ def _passes_of(iterator: Any, index: int | None) -> LoaderPasses:
     """The pass counter of the loader an iterator belongs to; a new pass when it starts over (a
     loader makes a new iterator each epoch, or resets a persistent one)."""
     if _session.loaders is None:
-        from publisher.collect.batches import LoaderBook
+        from publisher.readings.batches import LoaderBook
 
         _session.loaders = LoaderBook()
     passes = _session.loaders.passes_for(iterator)

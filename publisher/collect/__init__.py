@@ -1,3 +1,3 @@
-"""How a step's numbers are gathered without slowing the step: the step worker thread, host and
-device memory, GPU readings (NVML), and what identifies the process and its environment.
+"""What runs beside the training thread (the step worker, the hang watchdog, GPU sampling) and the
+watched torch calls.
 """

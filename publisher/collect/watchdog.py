@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from publisher.collect.stacks import Stack, capture
-from publisher.collect.timing import StepTimer
+from publisher.readings.timing import StepTimer
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from publisher.wire.event_kinds import EVENT_KINDS
 
 if TYPE_CHECKING:
-    from publisher.collect.batches import BatchPrint
+    from publisher.readings.batches import BatchPrint
     from publisher.stats.layer_sample import LayerSample
 
 Metrics = Mapping[str, float]

@@ -1,6 +1,6 @@
 """Detectors that read the data a step consumed: the same batches coming again.
 
-They read the batch fingerprints of :mod:`publisher.collect.batches` (taken on the data path by
+They read the batch fingerprints of :mod:`publisher.readings.batches` (taken on the data path by
 ``Monitor.track_data`` and ``tuimon run``'s DataLoader hook).
 """
 
@@ -11,8 +11,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from publisher.collect.batches import BatchPrint
 from publisher.detectors.base import Detector, Finding, where
+from publisher.readings.batches import BatchPrint
 
 #: Fingerprints remembered per pass over a loader (a pass with more batches forgets the oldest).
 _REMEMBERED = 100_000

@@ -13,8 +13,8 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from publisher.collect.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
 from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
+from publisher.readings.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
 
 _MIB = 1024 * 1024
 #: The longer span of memory readings (up to ``history``) is judged on every this-many-th reading.
@@ -55,7 +55,7 @@ class ThroughputDrop(Detector):
     level is the new normal and the episode ends.
 
     Both judge the loop's *own* time: the share of time the training thread waited for a CPU
-    (``cpu_wait``, :mod:`publisher.collect.cpu_wait`) is taken out of the step time, so that
+    (``cpu_wait``, :mod:`publisher.readings.cpu_wait`) is taken out of the step time, so that
     other processes taking the CPUs for a second or two (a shared machine, a compile next door)
     is not a slowdown of the training's making. A third test names lasting contention itself:
 
@@ -383,7 +383,7 @@ class MemoryGrowth(Detector):
     as the loop runs. Start-up is not: DataLoader workers starting, batches prefetched, the
     allocator filling its pools and caches warming all add memory at the beginning and then stop.
     So a series is judged over its last ``window`` (6) readings (memory is read every 4 steps or
-    0.1 s, whichever is sooner, at most 50 times a second: :mod:`publisher.collect.memory`; closer
+    0.1 s, whichever is sooner, at most 50 times a second: :mod:`publisher.readings.memory`; closer
     readings, from ``memory_interval_s=0``, are thinned to that cadence), after ``warmup`` (20)
     steps, and fires when
 

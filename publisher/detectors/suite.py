@@ -39,7 +39,7 @@ from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutl
 from publisher.stats.layer_sample import LayerSample
 
 if TYPE_CHECKING:
-    from publisher.collect.batches import BatchPrint
+    from publisher.readings.batches import BatchPrint
 
 log = logging.getLogger(__name__)
 

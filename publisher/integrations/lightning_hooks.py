@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from publisher.collect.batches import batch_size
 from publisher.integrations.session import CallbackSession
 from publisher.monitor import Monitor
+from publisher.readings.batches import batch_size
 
 
 class LightningHooks:

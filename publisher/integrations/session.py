@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from publisher.collect.identity import default_run_name, endpoint_for, local_rank
-from publisher.collect.readings import step_loss
 from publisher.monitor import Monitor
+from publisher.readings.identity import default_run_name, endpoint_for, local_rank
+from publisher.readings.step import step_loss
 from publisher.wire.run_end import end_status
 
 log = logging.getLogger(__name__)

@@ -57,9 +57,9 @@ try:
 except ModuleNotFoundError as error:
     raise missing(error, extra="transformers", needed_by=__name__) from None
 
-from publisher.collect.batches import batch_size
 from publisher.integrations.session import CallbackSession
 from publisher.monitor import Monitor
+from publisher.readings.batches import batch_size
 
 
 class TuimonCallback(TrainerCallback):

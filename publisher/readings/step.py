@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from publisher.collect.batches import BatchPrint
+from publisher.readings.batches import BatchPrint
 
 
 class StepReadings:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from publisher.collect import sysinfo
+from publisher.readings import sysinfo
 
 #: Memory is read at least this often...
 DEFAULT_INTERVAL_S = 0.1
