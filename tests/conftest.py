@@ -19,7 +19,7 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import pytest
 import zmq
 
 from publisher.wire.protocol import decode, encode, make_message, wire_numbers
+from tuimon.sink import Batch
 from tuimon.store import Store
 
 T0 = 1_700_000_000.0
@@ -321,14 +322,14 @@ def big_job() -> tuple[tuple[dict[str, Any], ...], ...]:
     return tuple(tuple(batch) for batch in job_batches())
 
 
-def job_store(batches: Iterable[Iterable[dict[str, Any]]], steps: int = 24) -> Store:
+def job_store(batches: Iterable[Sequence[dict[str, Any]]], steps: int = 24) -> Store:
     """A store fed ``batches`` as a viewer at the root would be, its clock a second after the job's
     last message. The loss band takes a point each time the job view is read, at most every
     ``tuimon.store.job.BAND_PERIOD_S`` (patch it to 0 for one point a batch, as tests do)."""
     end = job_end_ts(steps)
     store = Store(clock=lambda: end + 1)
     for batch in batches:
-        store.apply_batch(batch)
+        store.deliver(Batch(batch))
         store.job_view(JOB_RUN)
     return store
 

@@ -26,6 +26,7 @@ from textual.pilot import Pilot
 from textual_plotext import PlotextPlot
 
 from publisher.wire.protocol import make_message, wire_numbers
+from tuimon.sink import Batch
 from tuimon.store import Store
 from tuimon.store.records import EventRecord
 from tuimon.ui.app import TuimonApp
@@ -132,7 +133,7 @@ async def test_a_straggler_found_by_the_relay_marks_its_cell_and_is_listed() -> 
     store = job_store(without_findings(batches))
     async with job_app(store) as (app, pilot):
         assert cell_of(app, 64, 5) == "■" and not app.screen.query_one(ProblemList).row_count
-        store.apply_batch([job_event(517, "straggler", "warning", job_end_ts(), 1, "rank 517 is slow", 0)])
+        store.deliver(Batch([job_event(517, "straggler", "warning", job_end_ts(), 1, "rank 517 is slow", 0)]))
         await wait_for_screen(pilot, lambda: cell_of(app, 64, 5) == "▲", what="rank 517 marked")
         assert cell_of(app, 64, 4) == "■", "only that rank's cell"
         problems = app.screen.query_one(ProblemList)
@@ -144,11 +145,11 @@ async def test_arrows_and_enter_open_a_node_then_a_rank_on_the_dashboard() -> No
     batches = big_job()
     source_store = job_store(batches)
     for rank, loss in ((0, 1.0), (517, 7.5)):  # each rank's own series, through the focus
-        source_store.apply_batch([
+        source_store.deliver(Batch([
             decoded(make_message("metrics", run=JOB_RUN, rank=rank, host=f"node{rank // 8:03d}", ts=T0 + step,
                                  seq=step, step=step, metrics=wire_numbers({"loss": loss + step / 100})))
             for step in range(10)
-        ])
+        ]))
     source = FedSource(source_store)
     app = TuimonApp(source)
     async with app.run_test(size=(160, 48)) as pilot:
@@ -236,7 +237,7 @@ async def test_the_job_view_redraws_only_when_summaries_or_findings_change() -> 
         grid.refresh = lambda *a, **k: (refreshes.append(1), original_refresh(*a, **k))[1]  # type: ignore[method-assign]
         await pilot.pause(1.5)  # three ticks, nothing new: at most a look at the (unchanged) marks
         assert not refreshes
-        store.apply_batch(job_batches(nodes=1, steps=1)[0])  # node000 summarised again
+        store.deliver(Batch(job_batches(nodes=1, steps=1)[0]))  # node000 summarised again
         await wait_for_screen(pilot, lambda: refreshes, what="a redraw for the new summary")
 
 

@@ -32,6 +32,7 @@ from tuimon import cli
 from tuimon.errors import UserError
 from tuimon.kb.markdown_import import ParseError, parse_incident
 from tuimon.kb.runbooks import RunbookError, parse_runbook
+from tuimon.sink import Batch
 from tuimon.store import Store
 from tuimon.ui.dashboard.gpu import find_outliers, render_device
 from tuimon.ui.dashboard.header import connection
@@ -122,7 +123,7 @@ def test_whatever_decodes_is_applied_and_shown_without_an_error(candidates: list
         except ProtocolError:
             continue
     store = Store()
-    store.apply_batch(accepted)
+    store.deliver(Batch(accepted))
     assert store.counters().malformed == 0  # nothing the decoder accepts breaks the store
     for run in store.run_names():
         view = store.run_view(run)

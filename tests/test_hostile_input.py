@@ -25,6 +25,7 @@ from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode, enc
 from publisher.wire.transport import Publisher
 from publisher.wire.validation import MAX_DEPTH, MAX_METRICS
 from tuimon.kb import KnowledgeBase
+from tuimon.sink import Batch
 from tuimon.sources.live import LiveSource
 from tuimon.sources.replay import ReplaySource
 from tuimon.store import MAX_EVENTS, Store
@@ -146,13 +147,13 @@ def test_one_bad_message_in_a_burst_loses_nothing_else(raw_publisher: RawPublish
 def test_the_store_keeps_bounded_names_events_and_runs() -> None:
     store = Store()
     builder = RunBuilder("wide")
-    store.apply_batch([builder.metrics(1, **{f"m{i}": float(i) for i in range(1000)})])
+    store.deliver(Batch([builder.metrics(1, **{f"m{i}": float(i) for i in range(1000)})]))
     assert len(store.metric_names("wide")) == MAX_METRIC_NAMES
     assert store.run_view("wide").metrics_left_out == 1000 - MAX_METRIC_NAMES
-    store.apply_batch([builder.event(1, f"e{i}", "custom", "info", "x") for i in range(MAX_EVENTS + 500)])
+    store.deliver(Batch([builder.event(1, f"e{i}", "custom", "info", "x") for i in range(MAX_EVENTS + 500)]))
     events = store.events("wide")
     assert len(events) == MAX_EVENTS and events[-1].id == f"e{MAX_EVENTS + 499}"
-    store.apply_batch([RunBuilder(f"run{i}").message("heartbeat", step=1) for i in range(200)])
+    store.deliver(Batch([RunBuilder(f"run{i}").message("heartbeat", step=1) for i in range(200)]))
     assert len(store.run_names()) == 64
     assert any("more runs not shown" in notice for notice in store.notices())
 

@@ -14,6 +14,7 @@ import pytest
 from publisher.wire.protocol import encode, make_message
 from tuimon.errors import UserError
 from tuimon.kb import IncidentDraft, IncidentFilter, KnowledgeBase, incidents
+from tuimon.sink import Batch
 from tuimon.store import Store
 
 
@@ -179,7 +180,7 @@ def test_open_from_the_viewers_store(kb: KnowledgeBase) -> None:
         )
     )
     messages.append(_event(kind="nonfinite_loss"))
-    store.apply_batch(messages)
+    store.deliver(Batch(messages))
     record = store.event("gpt-small", "0-3")
     view = store.run_view("gpt-small")
     incident = kb.open_from_event(

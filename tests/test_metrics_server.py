@@ -153,6 +153,7 @@ def test_through_a_relay_each_rank_is_served_from_its_nodes_summary() -> None:
     from publisher.wire.protocol import decode, encode, make_message
     from tuimon.export.prometheus import FiguresCollector, LatestFigures
     from tuimon.relay.summary import NodeSummarizer
+    from tuimon.sink import Batch
 
     summarizer = NodeSummarizer("nodeB")
     for rank in (4, 5):
@@ -165,7 +166,7 @@ def test_through_a_relay_each_rank_is_served_from_its_nodes_summary() -> None:
     made = make_message("summary", run=run, rank=lowest, host="nodeB", ts=1.2, seq=0, **body)
     summary = decode(encode(made))
     figures = LatestFigures()
-    figures.apply_batch([summary], complete=False)
+    figures.deliver(Batch([summary], complete=False))
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in FiguresCollector(figures).collect()

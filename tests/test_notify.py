@@ -34,6 +34,7 @@ from tuimon.notify.courier import QUEUE_SIZE
 from tuimon.notify.notifier import Notifier
 from tuimon.notify.settings import NotifySettings
 from tuimon.notify.tap import AlertingLiveSource
+from tuimon.sink import Batch, News, Notice, Sink
 from tuimon.ui.app import TuimonApp
 from tuimon.ui.services.desktop_notify import notify_in_background
 
@@ -282,15 +283,15 @@ def test_a_hanging_webhook_never_delays_tail_and_what_it_cannot_take_is_dropped_
     assert "0 delivered, 0 failed" in stderr and "secret" not in stderr
 
 
-class Board:
-    """Where a notifier says its problems (what a sink's set_notice receives)."""
+class Board(Sink):
+    """Where a notifier says its problems (the notices a sink is told)."""
 
     def __init__(self) -> None:
         self.notices: dict[str, str] = {}
 
-    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
-        if text is not None:
-            self.notices[key] = text
+    def tell(self, news: News) -> None:
+        if isinstance(news, Notice) and news.text is not None:
+            self.notices[news.key] = news.text
 
 
 def test_the_rate_limit_holds_a_burst_back_and_sums_it_up_once_the_minute_is_over(
@@ -306,13 +307,13 @@ def test_the_rate_limit_holds_a_burst_back_and_sums_it_up_once_the_minute_is_ove
 
     notifier.start()
     try:
-        notifier.heard_batch([event(1), event(2), event(3), event(4, "loss_spike"), event(5)])
+        notifier.heard(Batch([event(1), event(2), event(3), event(4, "loss_spike"), event(5)]))
         wait_until(lambda: len(hook.posts) == 2, 30, "the first two alerts")
         time.sleep(1.0)  # the summary waits for the window, not for more events
         assert hook.ids() == ["e1", "e2"]
         now[0] += 60.0
         wait_until(lambda: len(hook.posts) == 3, 30, "the summary")
-        notifier.heard_batch([event(6)])
+        notifier.heard(Batch([event(6)]))
         wait_until(lambda: len(hook.posts) == 4, 30, "the next alert")
     finally:
         notifier.close()
@@ -335,8 +336,8 @@ def test_a_relays_account_of_the_past_never_alerts_but_its_filtered_live_stream_
     notifier.start()
     try:
         # The relay's job state and a filtered live batch reach a sink alike (complete=False).
-        notifier.heard_batch([old.message("event", id="old", **body)], complete=False)
-        notifier.heard_batch([live.message("event", id="new", **body)], complete=False)
+        notifier.heard(Batch([old.message("event", id="old", **body)], complete=False))
+        notifier.heard(Batch([live.message("event", id="new", **body)], complete=False))
         wait_until(lambda: hook.posts, 30, "the live alert")
     finally:
         notifier.close()
@@ -354,7 +355,7 @@ def test_slack_formatting_from_peers_is_escaped_and_their_extra_fields_are_left_
     )
     notifier.start()
     try:
-        notifier.heard_batch([hostile])
+        notifier.heard(Batch([hostile]))
         wait_until(lambda: hook.posts, 30, "the alert")
     finally:
         notifier.close()

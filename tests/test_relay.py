@@ -244,6 +244,7 @@ def test_a_root_without_an_address_or_with_an_upstream_is_a_one_line_error() -> 
 
 
 def test_a_relay_heartbeat_is_a_valid_message_the_viewer_keeps_apart_from_runs() -> None:
+    from tuimon.sink import Batch
     from tuimon.store import Store
 
     beat = make_message(
@@ -261,7 +262,7 @@ def test_a_relay_heartbeat_is_a_valid_message_the_viewer_keeps_apart_from_runs()
         stats={"in": 3, "out": 3},
     )
     store = Store()
-    store.apply_batch([decode(encode(beat))], received=1)
+    store.deliver(Batch([decode(encode(beat))], received=1))
     assert store.run_names() == [] and [r["run"] for r in store.relays()] == ["node@n1"]
     assert json.loads(encode(beat))["type"] == "relay"
 

@@ -8,6 +8,7 @@ import time
 from conftest import RunBuilder, synthetic_run
 
 from publisher.wire.protocol import ProtocolError
+from tuimon.sink import Batch, Notice, Snapshot
 from tuimon.store import GPU_HISTORY, SERIES_CAPACITY, STALE_AFTER_S, Series, Store
 
 
@@ -24,16 +25,14 @@ class Clock:
 def test_event_update_replaces_the_episode_in_place() -> None:
     store = Store()
     run = RunBuilder("r")
-    store.apply_batch(
-        [
-            run.run_start(),
-            run.event(10, "0-1", "loss_spike", "warning", "first", count=1, value=5.0),
-            run.event(12, "0-2", "gpu_throttle", "warning", "hot"),
-        ]
-    )
+    store.deliver(Batch([
+        run.run_start(),
+        run.event(10, "0-1", "loss_spike", "warning", "first", count=1, value=5.0),
+        run.event(12, "0-2", "gpu_throttle", "warning", "hot"),
+    ]))
     first_seen = store.events("r")[0].first_ts
     run.ts += 5
-    store.apply_batch([run.event(10, "0-1", "loss_spike", "critical", "again", count=3, value=9.0)])
+    store.deliver(Batch([run.event(10, "0-1", "loss_spike", "critical", "again", count=3, value=9.0)]))
 
     events = store.events("r")
     assert [e.id for e in events] == ["0-1", "0-2"]  # the episode keeps its place
@@ -48,12 +47,12 @@ def test_gaps_are_counted_per_sender_and_a_restart_is_not_a_gap() -> None:
     batch = [rank0.metrics(0, loss=1.0), rank0.metrics(1, loss=1.0)]
     rank0.seq += 3  # three messages of rank 0 lost on the way
     batch += [rank0.metrics(2, loss=1.0), rank1.metrics(0, loss=1.0), rank1.metrics(1, loss=1.0)]
-    store.apply_batch(batch)
+    store.deliver(Batch(batch))
     assert store.counters().gaps == 3
     assert store.run_view("r").gaps == 3
 
     restarted = RunBuilder("r", 1)  # same run and rank, new process: seq starts again at 0
-    store.apply_batch([restarted.run_start(), restarted.metrics(0, loss=2.0)])
+    store.deliver(Batch([restarted.run_start(), restarted.metrics(0, loss=2.0)]))
     assert store.counters().gaps == 3
 
 
@@ -61,15 +60,15 @@ def test_health_goes_stale_without_heartbeats_and_ended_after_run_end() -> None:
     clock = Clock()
     store = Store(clock)
     run = RunBuilder("r")
-    store.apply_batch([run.run_start(), run.heartbeat(0)])
+    store.deliver(Batch([run.run_start(), run.heartbeat(0)]))
     assert store.run_view("r").health == "live"
     clock.now += STALE_AFTER_S - 0.5
     assert store.run_view("r").health == "live"
     clock.now += 1.0
     assert store.run_view("r").health == "stale"
-    store.apply_batch([run.heartbeat(1)])
+    store.deliver(Batch([run.heartbeat(1)]))
     assert store.run_view("r").health == "live"
-    store.apply_batch([run.message("run_end", step=1, status="failed", error="CUDA error")])
+    store.deliver(Batch([run.message("run_end", step=1, status="failed", error="CUDA error")]))
     clock.now += 60
     view = store.run_view("r")
     assert (view.health, view.end_status, view.end_error) == ("ended", "failed", "CUDA error")
@@ -78,11 +77,11 @@ def test_health_goes_stale_without_heartbeats_and_ended_after_run_end() -> None:
 def test_a_run_with_two_ranks_ends_when_both_ended() -> None:
     store = Store()
     rank0, rank1 = RunBuilder("r", 0), RunBuilder("r", 1)
-    store.apply_batch(
+    store.deliver(Batch(
         [rank0.run_start(), rank1.run_start(), rank0.message("run_end", step=3, status="completed")]
-    )
+    ))
     assert store.run_view("r").health == "live"
-    store.apply_batch([rank1.message("run_end", step=3, status="interrupted")])
+    store.deliver(Batch([rank1.message("run_end", step=3, status="interrupted")]))
     view = store.run_view("r")
     assert (view.health, view.end_status, view.ranks) == ("ended", "interrupted", (0, 1))
 
@@ -91,21 +90,23 @@ def test_replay_stamps_use_message_time() -> None:
     clock = Clock(now=0.0)
     store = Store(clock, stamp_with_message_ts=True)
     run = RunBuilder("r", t0=500.0)
-    store.apply_batch([run.run_start()])
+    store.deliver(Batch([run.run_start()]))
     clock.now = 500.0 + STALE_AFTER_S + 1
     assert store.run_view("r").health == "stale"
 
 
 def test_malformed_frames_are_counted_by_reason_with_the_last_one_kept() -> None:
     store = Store()
-    store.apply_batch(
+    store.deliver(Batch(
         [],
         received=3,
-        malformed=[ProtocolError("not JSON: unexpected", "not JSON"), ProtocolError("too big", "oversized")],
-    )
-    store.count_malformed(
-        ProtocolError("protocol version 2, expected 1", "wrong version"), where="run.jsonl:17"
-    )
+        malformed=[(ProtocolError("not JSON: unexpected", "not JSON"), None),
+                   (ProtocolError("too big", "oversized"), None)],
+    ))
+    # A recording's bad line: one frame each (received by default), and where it was.
+    store.deliver(Batch([], malformed=[
+        (ProtocolError("protocol version 2, expected 1", "wrong version"), "run.jsonl:17"),
+    ]))
     counters = store.counters()
     assert counters.received == 4
     assert counters.malformed == 3
@@ -119,11 +120,14 @@ def test_snapshot_is_applied_without_gaps_then_live_messages_continue() -> None:
     sent = [run.run_start()] + [run.metrics(step, loss=1.0) for step in range(20)]
     snapshot = [sent[0], *sent[5:]]  # a snapshot holds a selection: gaps between its seqs are expected
     later = [run.metrics(20, loss=1.0)]
-    store.apply_snapshot("r", 0, snapshot, seq=sent[-1]["seq"], then=later)
+    # The snapshot then the live messages after it, spliced into one batch as a receiver hands it.
+    store.deliver(Batch([*snapshot, *later], received=len(snapshot),
+                        snapshot=Snapshot("r", 0, seq=sent[-1]["seq"], size=len(snapshot))))
     assert store.counters().gaps == 0
+    assert store.counters().received == len(snapshot)  # the live ones were counted as they came
     assert list(store.series("r", "loss")[0]) == [*range(4, 21)]
     run.seq += 1  # one live message lost after the snapshot
-    store.apply_batch([run.metrics(22, loss=1.0)])
+    store.deliver(Batch([run.metrics(22, loss=1.0)]))
     assert store.counters().gaps == 1
 
 
@@ -140,7 +144,7 @@ def test_series_keep_at_least_their_capacity_and_slice_by_step() -> None:
 
 def test_metric_window_around_an_event_and_nan_kept() -> None:
     store = Store()
-    store.apply_batch(synthetic_run("r"))
+    store.deliver(Batch(synthetic_run("r")))
     window = store.metric_window("r", 200, before=2, after=2, names=["loss", "lr"])
     steps, losses = window["loss"]
     assert steps == [198, 199, 200, 201, 202]
@@ -150,7 +154,7 @@ def test_metric_window_around_an_event_and_nan_kept() -> None:
 
 def test_run_view_and_gpus_from_a_whole_run() -> None:
     store = Store()
-    store.apply_batch(synthetic_run("r", steps=300))
+    store.deliver(Batch(synthetic_run("r", steps=300)))
     view = store.run_view("r")
     assert view.step == 299 and view.hosts == ("testhost",) and view.gpu_simulated
     assert view.throughput == ("samples_per_s", 1299.0)
@@ -167,16 +171,16 @@ def test_run_view_and_gpus_from_a_whole_run() -> None:
 def test_gpu_history_is_bounded() -> None:
     store = Store()
     run = RunBuilder("r")
-    store.apply_batch([run.gpu(step, [50.0]) for step in range(GPU_HISTORY + 50)])
+    store.deliver(Batch([run.gpu(step, [50.0]) for step in range(GPU_HISTORY + 50)]))
     assert len(store.devices("r")[0].history["util"]) == GPU_HISTORY
 
 
 def test_versions_move_only_for_the_section_that_changed() -> None:
     store = Store()
     run = RunBuilder("r")
-    store.apply_batch([run.run_start(), run.metrics(0, loss=1.0)])
+    store.deliver(Batch([run.run_start(), run.metrics(0, loss=1.0)]))
     before = store.versions("r")
-    store.apply_batch([run.gpu(0, [90.0])])
+    store.deliver(Batch([run.gpu(0, [90.0])]))
     after = store.versions("r")
     changed = {name for name in before if before[name] != after[name]}
     assert changed == {"gpu"}
@@ -185,21 +189,21 @@ def test_versions_move_only_for_the_section_that_changed() -> None:
 def test_versions_are_never_reused_after_reset() -> None:
     store = Store()
     run = RunBuilder("r")
-    store.apply_batch([run.run_start(), run.metrics(0, loss=1.0)])
+    store.deliver(Batch([run.run_start(), run.metrics(0, loss=1.0)]))
     seen = store.versions("r")["metrics"]
     store.reset()
     rebuilt = RunBuilder("r")
-    store.apply_batch([rebuilt.run_start(), rebuilt.metrics(0, loss=9.0)])
+    store.deliver(Batch([rebuilt.run_start(), rebuilt.metrics(0, loss=9.0)]))
     assert store.versions("r")["metrics"] != seen
     assert list(store.series("r", "loss")[1]) == [9.0]
 
 
 def test_notices_expire() -> None:
     store = Store()
-    store.set_notice("a", "kept")
-    store.set_notice("b", "gone", ttl_s=-1)
+    store.tell(Notice("a", "kept"))
+    store.tell(Notice("b", "gone", ttl_s=-1))
     assert store.notices() == ["kept"]
-    store.set_notice("a", None)
+    store.tell(Notice("a", None))
     assert store.notices() == []
 
 
@@ -222,16 +226,16 @@ def test_node_summaries_make_one_cell_per_gpu_or_rank_and_a_loss_band_across_nod
                                           **body)))
 
     gpu = {"rank": 0, "index": 0, "util": 90, "mem_used": 20, "mem_total": 80, "temp_c": 61}
-    store.apply_batch([summary("a", [0, 1], 5, [1.0, 3.0], [gpu]), summary("b", [2, 3], 5, [2.0, 2.5], [])],
-                      received=2)
+    store.deliver(Batch([summary("a", [0, 1], 5, [1.0, 3.0], [gpu]), summary("b", [2, 3], 5, [2.0, 2.5], [])],
+                      received=2))
     view = store.job_view("job")
     assert view is not None and [node.name for node in view.nodes] == ["a", "b"] and view.ranks == 4
     first = view.nodes[0].cells
     assert [(c.rank, c.index) for c in first] == [(0, 0), (1, None)], "a GPU where reported, else the rank"
     assert first[0].values["mem"] == 0.25 and first[0].values["util"] == 90 and first[1].values["loss"] == 3.0
     time.sleep(BAND_PERIOD_S)  # the band takes a point at most every BAND_PERIOD_S, from every node
-    store.apply_batch([summary("a", [0, 1], 6, [1.0, 3.0], [gpu]), summary("b", [2, 3], 6, [0.5, 4.0], [])],
-                      received=2)
+    store.deliver(Batch([summary("a", [0, 1], 6, [1.0, 3.0], [gpu]), summary("b", [2, 3], 6, [0.5, 4.0], [])],
+                      received=2))
     steps, low, median, high = store.job_view("job").band
     assert steps == (5, 6) and (low[-1], median[-1], high[-1]) == (0.5, 3.5, 4.0), "lowest, median, highest"
     run = store.run_view("job")  # the summaries stand for the ranks' heartbeats: known, stepping, live
@@ -239,6 +243,6 @@ def test_node_summaries_make_one_cell_per_gpu_or_rank_and_a_loss_band_across_nod
     assert (run.step, run.health, run.gaps) == (6, "live", 0), "the relays' numbering is not the ranks'"
     silent = summary("b", [2, 3], 7, [0.5, 4.0], [])
     silent["beats"] = [{"silent_s": 0.1}, {"silent_s": 10.0}]  # rank 3 not heard for 10 s by its relay
-    store.apply_batch([silent], received=1)
+    store.deliver(Batch([silent], received=1))
     assert store.run_view("job").health == "stale"
     assert store.job_view("other") is None

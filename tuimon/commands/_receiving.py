@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from publisher.wire.curve import JobKeys
-    from tuimon.sources.receiver import MessageSink
+    from tuimon.sink import Sink
     from tuimon.sources.subscriptions import Subscriptions
 
 #: Signals that end a listening command cleanly (exit 0), as Ctrl-C does.
@@ -33,7 +33,7 @@ def stopped_by_signals(stop: threading.Event, signals: Sequence[int] = STOP_SIGN
 
 def receive_until(
     stop: threading.Event,
-    sink: MessageSink,
+    sink: Sink,
     endpoints: Sequence[str],
     registry_dir: Path | None,
     keys: JobKeys | None,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from publisher.extras import install_command, python_command, runnable
 from tuimon.commands._options import add_dashboard_options
 from tuimon.errors import UserError
+from tuimon.sink import Notice
 
 if TYPE_CHECKING:
     from tuimon.sources.base import Source
@@ -103,7 +104,7 @@ def _report_exit(child: subprocess.Popen[bytes], source: Source, log_path: Path)
     if code != 0:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
         detail = f": {tail[0]}" if tail else ""
-        source.store.set_notice("demo", f"the demo training exited with code {code}{detail}")
+        source.store.tell(Notice("demo", f"the demo training exited with code {code}{detail}"))
 
 
 def _stop(child: subprocess.Popen[bytes]) -> bool:

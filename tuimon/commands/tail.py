@@ -22,15 +22,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from tuimon.commands._options import add_keys_option, add_notify_options, keys_from, notify_settings
 from tuimon.commands._receiving import receive_until, stopped_by_signals
-
-if TYPE_CHECKING:
-    from publisher.wire.protocol import ProtocolError
-    from tuimon.sources.receiver import MessageSink
-    from tuimon.store import SourceStatus
+from tuimon.sink import Batch, News, Notice, Sink
 
 _EXAMPLES = """\
 examples:
@@ -103,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     printer = LinePrinter(sys.stdout.buffer, sys.stderr, on_closed=stop.set)
     notifier = Notifier(alerts, printer) if alerts.external else None
-    sink: MessageSink = printer if notifier is None else AlertingSink(printer, notifier)
+    sink: Sink = printer if notifier is None else AlertingSink(printer, notifier)
     timer = threading.Timer(args.duration, stop.set) if args.duration is not None else None
     # Ctrl-C and SIGTERM end the command like --for does: sockets closed, summary printed, exit 0.
     with stopped_by_signals(stop):
@@ -126,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class LinePrinter:
-    """A :class:`~tuimon.sources.receiver.MessageSink` that prints instead of storing.
+class LinePrinter(Sink):
+    """A :class:`~tuimon.sink.Sink` that prints instead of storing.
 
     Each message is re-encoded compactly (the protocol's own encoder) and flushed on its own line,
     so a reader sees it at once. When the reader goes away (``| head``), printing stops quietly,
@@ -150,56 +146,30 @@ class LinePrinter:
         self.malformed: Counter[str] = Counter()
         self.closed = False
 
-    def apply_batch(
-        self,
-        messages: Iterable[Mapping[str, Any]],
-        *,
-        received: int | None = None,
-        malformed: Iterable[ProtocolError] = (),
-        complete: bool = True,
-    ) -> None:
-        self._count(malformed)
-        self._print(messages)
+    def deliver(self, batch: Batch) -> None:
+        for error, _ in batch.malformed:
+            self.malformed[error.reason] += 1
+        self._print(batch.messages)
 
-    def apply_snapshot(
-        self,
-        run: str,
-        rank: int,
-        messages: Iterable[Mapping[str, Any]],
-        seq: int,
-        *,
-        then: Iterable[Mapping[str, Any]] = (),
-        malformed: Iterable[ProtocolError] = (),
-    ) -> None:
-        self._count(malformed)
-        self._print(messages)
-        self._print(then)
-
-    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
-        self._count([error])
-
-    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
-        now = time.monotonic()
-        lapses = self._notices.get(key, now)
-        if text is None:
-            self._notices.pop(key, None)
+    def tell(self, news: News) -> None:
+        """Notices go to ``errors``; the source's status is not shown (the summary at the end
+        says what happened)."""
+        if not isinstance(news, Notice):
             return
-        self._notices[key] = None if ttl_s is None else now + ttl_s
+        now = time.monotonic()
+        lapses = self._notices.get(news.key, now)
+        if news.text is None:
+            self._notices.pop(news.key, None)
+            return
+        self._notices[news.key] = None if news.ttl_s is None else now + news.ttl_s
         if lapses is not None and lapses <= now:  # new, or lapsed since it was last said
-            print(f"tuimon tail: {text}", file=self._errors, flush=True)
-
-    def set_source_status(self, status: SourceStatus) -> None:
-        """Nothing to show: the summary at the end says what happened."""
+            print(f"tuimon tail: {news.text}", file=self._errors, flush=True)
 
     def summary(self) -> str:
         """What was printed and what was refused, by reason, in one line."""
         total = sum(self.malformed.values())
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(self.malformed.items()))
         return f"{self.printed} messages printed, {total} malformed" + (f" ({reasons})" if reasons else "")
-
-    def _count(self, errors: Iterable[ProtocolError]) -> None:
-        for error in errors:
-            self.malformed[error.reason] += 1
 
     def _print(self, messages: Iterable[Mapping[str, Any]]) -> None:
         if self.closed:
@@ -217,7 +187,3 @@ class LinePrinter:
             os.close(devnull)
             if self._on_closed is not None:
                 self._on_closed()
-
-
-if TYPE_CHECKING:  # mypy: the printer is a sink a Receiver can fill (a missing method fails here)
-    _SINK: type[MessageSink] = LinePrinter

@@ -1,11 +1,11 @@
 """The latest figures of every run heard, as Prometheus metrics.
 
 Clusters already have Prometheus and Grafana; tuimon's place is to feed them, not to replace them.
-:class:`LatestFigures` is a :class:`~tuimon.sources.receiver.MessageSink` (it hears exactly what a
-dashboard would, from a publisher or a relay, snapshot first) that keeps only the latest value of
-each figure; :class:`FiguresCollector` turns it into metric families when Prometheus scrapes,
-the "custom collector" of prometheus_client's documentation ("Custom Collectors"), so nothing is
-computed between scrapes and a series whose rank ended simply stops being reported.
+:class:`LatestFigures` is a :class:`~tuimon.sink.Sink` (it hears exactly what a dashboard would,
+from a publisher or a relay, snapshot first) that keeps only the latest value of each figure;
+:class:`FiguresCollector` turns it into metric families when Prometheus scrapes, the "custom
+collector" of prometheus_client's documentation ("Custom Collectors"), so nothing is computed
+between scrapes and a series whose rank ended simply stops being reported.
 
 Per rank (labels ``run``, ``rank``, ``host``): step, loss, learning rate, step time, data wait,
 tokens and samples a second; per GPU (plus ``gpu``): utilisation, memory, temperature, power;
@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from publisher.wire.protocol import ProtocolError, read_number
-
-if TYPE_CHECKING:
-    from tuimon.store import SourceStatus
+from tuimon.sink import Batch, Sink
 
 #: (metric name in a ``metrics`` message or a summary's ``per_rank``, exported name, help).
 RANK_FIGURES = (
@@ -63,8 +61,10 @@ class _Rank:
     gpus: dict[int, dict[str, float]] = field(default_factory=dict)  # device index -> readings
 
 
-class LatestFigures:
-    """What the exporter knows now; written by the receiver's thread, read by the scraper's."""
+class LatestFigures(Sink):
+    """What the exporter knows now; written by the receiver's thread, read by the scraper's.
+    Notices and the source's status are not exported (``up`` of the scrape and the figures' own
+    ages say as much), so only :meth:`deliver` is overridden."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -72,57 +72,17 @@ class LatestFigures:
         self.events: Counter[tuple[str, str, str]] = Counter()  # (run, kind, severity)
         self._episodes: dict[str, set[str]] = {}
         self.malformed: Counter[str] = Counter()
-        self.notices: dict[str, str] = {}
 
-    # ---------------------------------------------------------------- MessageSink, receiver's thread
+    # -------------------------------------------------------------------- Sink, receiver's thread
 
-    def apply_batch(
-        self,
-        messages: Iterable[Mapping[str, Any]],
-        *,
-        received: int | None = None,
-        malformed: Iterable[ProtocolError] = (),
-        complete: bool = True,
-    ) -> None:
+    def deliver(self, batch: Batch) -> None:
         with self._lock:
-            self._count(malformed)
-            for message in messages:
+            for error, _ in batch.malformed:
+                self.malformed[error.reason] += 1
+            for message in batch.messages:
                 self._apply(message)
-
-    def apply_snapshot(
-        self,
-        run: str,
-        rank: int,
-        messages: Iterable[Mapping[str, Any]],
-        seq: int,
-        *,
-        then: Iterable[Mapping[str, Any]] = (),
-        malformed: Iterable[ProtocolError] = (),
-    ) -> None:
-        with self._lock:
-            self._count(malformed)
-            for message in (*messages, *then):
-                self._apply(message)
-
-    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
-        with self._lock:
-            self._count([error])
-
-    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
-        with self._lock:
-            if text is None:
-                self.notices.pop(key, None)
-            else:
-                self.notices[key] = text
-
-    def set_source_status(self, status: SourceStatus) -> None:
-        """Not exported: ``up`` of the scrape and the figures' own ages say as much."""
 
     # ------------------------------------------------------------------------------------ applying
-
-    def _count(self, errors: Iterable[ProtocolError]) -> None:
-        for error in errors:
-            self.malformed[error.reason] += 1
 
     def _rank(self, message: Mapping[str, Any], rank: int | None = None, host: str | None = None) -> _Rank:
         key = (message["run"], message["rank"] if rank is None else rank)

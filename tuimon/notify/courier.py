@@ -12,10 +12,10 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Protocol
 
 from tuimon.notify.alert import Alert
 from tuimon.notify.targets import DeliveryError, Target
+from tuimon.sink import Notice, Sink
 
 #: Alerts waiting for one target at most.
 QUEUE_SIZE = 64
@@ -26,18 +26,13 @@ BACKOFF_S = 1.0
 NOTICE_TTL_S = 30.0
 
 
-class NoticeBoard(Protocol):
-    """Where problems are said: a :class:`~tuimon.sources.receiver.MessageSink`'s ``set_notice``
-    (the dashboard's status line, tail's stderr) is one."""
-
-    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None: ...
-
-
 class Courier:
     """Delivers alerts to ``target`` from its own daemon thread; counts ``sent``, ``failed``
-    (given up after retries) and ``dropped`` (the queue was full, or still held at close)."""
+    (given up after retries) and ``dropped`` (the queue was full, or still held at close).
+    Problems are told to ``board`` as notices: the sink the alerts tap (the dashboard's status
+    line, tail's stderr)."""
 
-    def __init__(self, target: Target, board: NoticeBoard, *, backoff_s: float = BACKOFF_S) -> None:
+    def __init__(self, target: Target, board: Sink, *, backoff_s: float = BACKOFF_S) -> None:
         self.target = target
         self.board = board
         self.backoff_s = backoff_s
@@ -98,4 +93,4 @@ class Courier:
                 return
 
     def _say(self, what: str, text: str) -> None:
-        self.board.set_notice(f"alerts:{what}:{self.target.name}", text, ttl_s=NOTICE_TTL_S)
+        self.board.tell(Notice(f"alerts:{what}:{self.target.name}", text, ttl_s=NOTICE_TTL_S))

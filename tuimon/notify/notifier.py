@@ -1,24 +1,25 @@
 """The alerts of one viewer: what a receiver heard, decided on (:mod:`tuimon.notify.policy`) and
 handed to each target's courier (:mod:`tuimon.notify.courier`).
 
-The receiver's thread calls :meth:`Notifier.heard_batch` and :meth:`Notifier.heard_snapshot`
-(through :mod:`tuimon.notify.tap`); they only decide and queue, so the receiver never waits for a
-delivery. A small thread of the notifier's own sends the "k more suppressed" summary once the rate
-limit's window has room for it, whether or not more events come.
+The receiver's thread calls :meth:`Notifier.heard` with each batch (through :mod:`tuimon.notify.tap`);
+it only decides and queues, so the receiver never waits for a delivery. A small thread of the
+notifier's own sends the "k more suppressed" summary once the rate limit's window has room for it,
+whether or not more events come.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tuimon.notify.alert import Alert, event_alert, suppressed_alert
-from tuimon.notify.courier import Courier, NoticeBoard
+from tuimon.notify.courier import Courier
 from tuimon.notify.policy import AlertPolicy, Verdict
 from tuimon.notify.settings import NotifySettings
 from tuimon.notify.targets import Command, Target, Webhook
+from tuimon.sink import Batch, Sink
 
 #: Seconds the couriers get at close to deliver what is queued (a hung webhook costs no more).
 CLOSE_GRACE_S = 2.0
@@ -31,7 +32,7 @@ class Notifier:
     problems said on ``board``. ``clock`` measures the rate limit's window."""
 
     def __init__(
-        self, settings: NotifySettings, board: NoticeBoard, *, clock: Callable[[], float] = time.monotonic
+        self, settings: NotifySettings, board: Sink, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.settings = settings
         self.board = board
@@ -70,27 +71,23 @@ class Notifier:
 
     # ------------------------------------------------------------------ the receiver's thread
 
-    def heard_batch(self, messages: Iterable[Mapping[str, Any]], *, complete: bool = True) -> None:
-        """Live messages. A batch of filtered streams (``complete`` False) may be a relay's
-        account of the job before this viewer joined (docs/protocol.md, "Late joiners through a
-        relay"), which a receiver hands over like a filtered live batch: its events made before
-        :attr:`since` are taken as history."""
-        for message in messages:
+    def heard(self, batch: Batch) -> None:
+        """What a sink was handed. A snapshot's messages are history: they never alert, their
+        events are only remembered. A batch of filtered streams (``complete`` False) may be a
+        relay's account of the job before this viewer joined (docs/protocol.md, "Late joiners
+        through a relay"), which a receiver hands over like a filtered live batch: its events made
+        before :attr:`since` are taken as history too."""
+        for message in batch.history:
+            if message["type"] == "event":
+                self._remember(message)
+        complete = batch.complete
+        for message in batch.live:
             if message["type"] != "event":
                 continue
             if not complete and message["ts"] < self.since:
                 self._remember(message)
             else:
                 self._offer(message)
-
-    def heard_snapshot(
-        self, messages: Iterable[Mapping[str, Any]], then: Iterable[Mapping[str, Any]]
-    ) -> None:
-        """A sender's snapshot (history: never alerts) and its live messages newer than it."""
-        for message in messages:
-            if message["type"] == "event":
-                self._remember(message)
-        self.heard_batch(then)
 
     def _remember(self, event: Mapping[str, Any]) -> None:
         with self._lock:

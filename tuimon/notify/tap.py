@@ -1,11 +1,11 @@
 """Alerts from the messages a :class:`~tuimon.sources.receiver.Receiver` hands its sink.
 
-The receiver already tells history from live news: a late joiner's snapshot comes through
-``apply_snapshot`` (its ``messages`` from before joining, ``then`` the live ones newer than it),
-everything else through ``apply_batch``. So the notifier taps that boundary instead of listening
-again: whatever a viewer shows or prints, and only that, can alert, with the same discovery,
-validation and snapshot logic. Each message goes to the wrapped sink first, then to the notifier,
-which only decides and queues.
+The receiver already tells history from live news: a batch that begins with a late joiner's
+snapshot says so (:attr:`~tuimon.sink.Batch.history`, then the live messages newer than it). So the
+notifier taps that boundary instead of listening again: whatever a viewer shows or prints, and only
+that, can alert, with the same discovery, validation and snapshot logic. Each batch goes to the
+wrapped sink first, then to the notifier, which only decides and queues; notices and the source's
+status go on to the wrapped sink untouched.
 
 - :class:`AlertingSink` wraps any sink: ``tuimon tail``'s printer, and the dashboard's store
   through :class:`AlertingLiveSource` (a live source whose receiver fills the wrapped store).
@@ -13,61 +13,31 @@ which only decides and queues.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tuimon.notify.notifier import Notifier
 from tuimon.notify.settings import NotifySettings
+from tuimon.sink import Batch, News, Sink
 from tuimon.sources.live import LiveSource
 
 if TYPE_CHECKING:
     from publisher.wire.curve import JobKeys
-    from publisher.wire.protocol import ProtocolError
-    from tuimon.sources.receiver import MessageSink
-    from tuimon.store import SourceStatus
 
 
-class AlertingSink:
-    """``sink``, plus alerts from what it is handed (a :class:`MessageSink` itself)."""
+class AlertingSink(Sink):
+    """``sink``, plus alerts from what it is handed."""
 
-    def __init__(self, sink: MessageSink, notifier: Notifier) -> None:
+    def __init__(self, sink: Sink, notifier: Notifier) -> None:
         self.sink = sink
         self.notifier = notifier
 
-    def apply_batch(
-        self,
-        messages: Iterable[Mapping[str, Any]],
-        *,
-        received: int | None = None,
-        malformed: Iterable[ProtocolError] = (),
-        complete: bool = True,
-    ) -> None:
-        messages = list(messages)
-        self.sink.apply_batch(messages, received=received, malformed=malformed, complete=complete)
-        self.notifier.heard_batch(messages, complete=complete)
+    def deliver(self, batch: Batch) -> None:
+        self.sink.deliver(batch)
+        self.notifier.heard(batch)
 
-    def apply_snapshot(
-        self,
-        run: str,
-        rank: int,
-        messages: Iterable[Mapping[str, Any]],
-        seq: int,
-        *,
-        then: Iterable[Mapping[str, Any]] = (),
-        malformed: Iterable[ProtocolError] = (),
-    ) -> None:
-        messages, then = list(messages), list(then)
-        self.sink.apply_snapshot(run, rank, messages, seq, then=then, malformed=malformed)
-        self.notifier.heard_snapshot(messages, then)
-
-    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
-        self.sink.count_malformed(error, where)
-
-    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
-        self.sink.set_notice(key, text, ttl_s=ttl_s)
-
-    def set_source_status(self, status: SourceStatus) -> None:
-        self.sink.set_source_status(status)
+    def tell(self, news: News) -> None:
+        self.sink.tell(news)
 
 
 class AlertingLiveSource(LiveSource):
@@ -94,7 +64,3 @@ class AlertingLiveSource(LiveSource):
     def stop(self) -> None:
         super().stop()
         self.notifier.close()
-
-
-if TYPE_CHECKING:  # mypy: the tap is a sink a Receiver can fill (a missing method fails here)
-    _SINK: type[MessageSink] = AlertingSink

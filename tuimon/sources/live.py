@@ -21,13 +21,13 @@ import zmq
 from publisher.wire.curve import JobKeys
 from publisher.wire.registry import runtime_dir
 from tuimon.errors import UserError
+from tuimon.sink import Sink
 from tuimon.sources.base import RankFocus, Source
 from tuimon.sources.receiver import (
     REGISTRY_SCAN_S,
     SILENT_ENDPOINT_S,
     SNAPSHOT_TIMEOUT_S,
     WAITING_HINT,
-    MessageSink,
     Receiver,
     describe_targets,
 )
@@ -116,7 +116,7 @@ class LiveSource:
         clock: Callable[[], float] = time.time,
         keys: JobKeys | None = None,
         explicit_keys: bool = False,
-        tap: Callable[[MessageSink], MessageSink] | None = None,
+        tap: Callable[[Sink], Sink] | None = None,
     ) -> None:
         self.endpoints, self.registry_dir = listen_targets(endpoints, registry_dir)
         self._tap = tap
@@ -173,4 +173,3 @@ class LiveSource:
 if TYPE_CHECKING:  # mypy: a LiveSource is a source the app can show (a missing method fails here),
     _CONFORMS: type[Source] = LiveSource
     _FOCUSES: type[RankFocus] = LiveSource  # and one the job view can point at a rank
-    _SINK: type[MessageSink] = Store  # and the store is a sink a Receiver can fill

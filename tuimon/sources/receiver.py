@@ -3,19 +3,19 @@
 Shared by everything that listens to publishers: the dashboard's
 :class:`~tuimon.sources.live.LiveSource` (into its Store, on a thread of its own) and
 ``tuimon tail`` (printing each message, on the main thread). Both get the same discovery, the same
-validation and the same late-joiner logic; only the :class:`MessageSink` they hand in differs.
+validation and the same late-joiner logic; only the :class:`~tuimon.sink.Sink` they hand in differs.
 
 The receiver polls, then drains with NOBLOCK in batches (a poll per message tops out far lower),
 decodes and validates every frame with :func:`publisher.wire.protocol.decode`, and hands each batch
-to the sink in one go. Nothing that arrives on the wire can stop it: a bad frame is counted and
-skipped.
+to the sink in one go (:meth:`~tuimon.sink.Sink.deliver`). Nothing that arrives on the wire can
+stop it: a bad frame is counted and skipped.
 
 Late joiners follow ZeroMQ's clone pattern (docs/protocol.md): the first message heard from a
 sender proves the subscription is live; from then on its messages are buffered while a DEALER asks
 the sender's ROUTER for a snapshot (address from its heartbeat or its registry entry). The snapshot
-is handed over, then the buffered messages with ``seq`` above the snapshot's, so nothing is missed
-or applied twice. A sender that does not answer within :data:`SNAPSHOT_TIMEOUT_S` is shown live
-only.
+is handed over with the buffered messages whose ``seq`` is above the snapshot's after it, spliced
+into one batch here (sinks never splice), so nothing is missed or applied twice. A sender that does
+not answer within :data:`SNAPSHOT_TIMEOUT_S` is shown live only.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -35,8 +35,8 @@ from zmq.utils.monitor import parse_monitor_message
 from publisher.wire.curve import HANDSHAKE_FAILURES, JobKeys, client_keys, refusal
 from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode, numbered_by_sender
 from publisher.wire.registry import live_entries
+from tuimon.sink import Batch, Malformed, Notice, Sink, Snapshot, SourceStatus
 from tuimon.sources.subscriptions import Subscriptions
-from tuimon.store import SourceStatus
 
 #: Seconds to wait for a snapshot reply before showing the sender's live messages only.
 SNAPSHOT_TIMEOUT_S = 2.0
@@ -58,43 +58,6 @@ _POLL_MS = 50
 _STATUS_EVERY_S = 0.25
 
 
-class MessageSink(Protocol):
-    """Where a :class:`Receiver` puts what it hears: decoded, validated messages in order, what
-    was malformed (by reason), and what it has to say. :class:`~tuimon.store.Store` is one."""
-
-    def apply_batch(
-        self,
-        messages: Iterable[Mapping[str, Any]],
-        *,
-        received: int | None = None,
-        malformed: Iterable[ProtocolError] = (),
-        complete: bool = True,
-    ) -> None:
-        """Live messages, in arrival order; ``received`` frames were read for them; ``complete``
-        False when their senders' streams are filtered (``seq`` jumps are not losses)."""
-
-    def apply_snapshot(
-        self,
-        run: str,
-        rank: int,
-        messages: Iterable[Mapping[str, Any]],
-        seq: int,
-        *,
-        then: Iterable[Mapping[str, Any]] = (),
-        malformed: Iterable[ProtocolError] = (),
-    ) -> None:
-        """One sender's snapshot (its last message is ``seq``), then its live messages after it."""
-
-    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
-        """One frame that was not a valid message (e.g. a broken snapshot header)."""
-
-    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
-        """A line for the user under ``key`` (None clears it), e.g. "nothing heard from ..."."""
-
-    def set_source_status(self, status: SourceStatus) -> None:
-        """How the connections stand, in a few words."""
-
-
 def describe_targets(endpoints: Sequence[str], registry_dir: Path | None) -> str:
     """Where a receiver looks, in words (for "waiting" messages and the status line)."""
     if endpoints:
@@ -102,14 +65,15 @@ def describe_targets(endpoints: Sequence[str], registry_dir: Path | None) -> str
     return f"the run registry {registry_dir}"
 
 
-def decode_all(frames: Iterable[bytes]) -> tuple[list[dict[str, Any]], list[ProtocolError]]:
+def decode_all(frames: Iterable[bytes]) -> tuple[list[dict[str, Any]], list[Malformed]]:
     """A snapshot's frames decoded, and what was malformed among them (each skipped alone)."""
-    messages, malformed = [], []
+    messages: list[dict[str, Any]] = []
+    malformed: list[Malformed] = []
     for frame in frames:
         try:
             messages.append(decode(frame))
         except ProtocolError as exc:
-            malformed.append(exc)
+            malformed.append((exc, None))
     return messages, malformed
 
 
@@ -152,7 +116,7 @@ class Receiver:
 
     def __init__(
         self,
-        sink: MessageSink,
+        sink: Sink,
         context: zmq.Context,
         *,
         endpoints: Sequence[str] = (),
@@ -210,7 +174,7 @@ class Receiver:
                 try:
                     self.step()
                 except Exception as exc:  # keep receiving whatever happens; say what went wrong
-                    self.sink.set_notice("receiver-error", f"receiver error: {exc!r}", ttl_s=10.0)
+                    self.sink.tell(Notice("receiver-error", f"receiver error: {exc!r}", ttl_s=10.0))
                     time.sleep(0.5)
         finally:
             for dealer in self.dealers:
@@ -258,13 +222,13 @@ class Receiver:
         self.heard = self.heard or bool(frames)
         ready: list[dict[str, Any]] = []
         filtered: list[dict[str, Any]] = []  # from ranks whose stream a relay filters for us
-        malformed: list[ProtocolError] = []
+        malformed: list[Malformed] = []
         wanted_run = self.wanted_run
         for frame in frames:
             try:
                 message = decode(frame)
             except ProtocolError as exc:
-                malformed.append(exc)
+                malformed.append((exc, None))
                 continue
             if wanted_run is not None and message["run"] != wanted_run:
                 continue
@@ -289,9 +253,9 @@ class Receiver:
                     self.request_snapshot(key, sender, address)
             if len(sender.buffer) > BUFFER_LIMIT:
                 self.go_live(key, sender, "too much traffic while waiting for the snapshot")
-        self.sink.apply_batch(ready, received=len(frames), malformed=malformed)
+        self.sink.deliver(Batch(ready, received=len(frames), malformed=malformed))
         if filtered:
-            self.sink.apply_batch(filtered, received=0, complete=False)
+            self.sink.deliver(Batch(filtered, received=0, complete=False))
         self.apply_topics()
 
     def apply_topics(self) -> None:
@@ -314,7 +278,7 @@ class Receiver:
             if sender.live or self.subscriptions.focused(*key):
                 continue
             self.close_dealer(sender)
-            self.sink.apply_batch(sender.buffer, received=0, complete=False)
+            self.sink.deliver(Batch(sender.buffer, received=0, complete=False))
             sender.buffer = []
             sender.live = True
 
@@ -368,12 +332,14 @@ class Receiver:
             if header.get("type") != "snapshot" or not isinstance(seq, int):
                 raise ValueError("not a snapshot header")
         except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
-            self.sink.count_malformed(ProtocolError(f"snapshot reply: {exc}", "bad snapshot"))
+            error = ProtocolError(f"snapshot reply: {exc}", "bad snapshot")
+            self.sink.deliver(Batch((), received=1, malformed=[(error, None)]))
             self.go_live(key, sender, "the snapshot reply was malformed")
             return
         messages, malformed = decode_all(frames[1:])
-        later = [message for message in sender.buffer if message["seq"] > seq]
-        self.sink.apply_snapshot(key[0], key[1], messages, seq, then=later, malformed=malformed)
+        snapshot = Snapshot(key[0], key[1], seq, size=len(messages))
+        messages += [message for message in sender.buffer if message["seq"] > seq]  # the splice
+        self.sink.deliver(Batch(messages, received=len(frames) - 1, malformed=malformed, snapshot=snapshot))
         sender.buffer = []
         sender.live = True
 
@@ -397,11 +363,11 @@ class Receiver:
         dealer.close(linger=0)
         self.job_state = "done"
         if not frames:
-            self.sink.set_notice("job-state", "the relay did not send the job's state: what happened "
-                                 "before joining is missing", ttl_s=15.0)
+            self.sink.tell(Notice("job-state", "the relay did not send the job's state: what happened "
+                                  "before joining is missing", ttl_s=15.0))
             return
         messages, malformed = decode_all(frames[1:])
-        self.sink.apply_batch(messages, received=0, malformed=malformed, complete=False)
+        self.sink.deliver(Batch(messages, received=0, malformed=malformed, complete=False))
 
     def close_dealer(self, sender: _Sender) -> None:
         if sender.dealer is not None:
@@ -413,15 +379,15 @@ class Receiver:
     def go_live(self, key: tuple[str, int], sender: _Sender, why: str) -> None:
         """Give up on the snapshot: apply what was buffered and carry on with live messages."""
         self.close_dealer(sender)
-        self.sink.apply_batch(sender.buffer, received=0)  # counted when they arrived
+        self.sink.deliver(Batch(sender.buffer, received=0))  # counted when they arrived
         sender.buffer = []
         sender.live = True
         run, rank = key
-        self.sink.set_notice(
+        self.sink.tell(Notice(
             f"snapshot:{run}:{rank}",
             f"run {run} rank {rank}: {why}; history before joining is missing",
             ttl_s=15.0,
-        )
+        ))
 
     def expire_waits(self, now: float) -> None:
         for key, sender in self.senders.items():
@@ -444,7 +410,7 @@ class Receiver:
                 self.sub.connect(entry.pub)
             except zmq.ZMQError as exc:
                 notice = f"cannot connect to {entry.pub} ({exc})"
-                self.sink.set_notice(f"registry:{path}", notice, ttl_s=10.0)
+                self.sink.tell(Notice(f"registry:{path}", notice, ttl_s=10.0))
                 continue
             self.registered[path] = entry
             if entry.snapshot:
@@ -462,8 +428,7 @@ class Receiver:
                 return
             endpoint = event["endpoint"].decode(errors="replace")
             if event["event"] & HANDSHAKE_FAILURES:
-                self.sink.set_notice(f"refused:{endpoint}", refusal(event, serving=False),
-                                     ttl_s=10.0)
+                self.sink.tell(Notice(f"refused:{endpoint}", refusal(event, serving=False), ttl_s=10.0))
                 continue
             state = self.endpoints.get(endpoint)
             if state is None:
@@ -478,20 +443,20 @@ class Receiver:
         for endpoint, state in self.endpoints.items():
             silent_for = now - state.since
             if (not state.connected or not heard) and silent_for >= SILENT_ENDPOINT_S:
-                sink.set_notice(
+                sink.tell(Notice(
                     f"endpoint:{endpoint}",
                     f"nothing heard from {endpoint} for {silent_for:.0f} s: is the training running and "
                     f"publishing there? (`tuimon watch` with no address finds the runs on this host)",
-                )
+                ))
             else:
-                sink.set_notice(f"endpoint:{endpoint}", None)
+                sink.tell(Notice(f"endpoint:{endpoint}", None))
         if self.endpoints:
             detail = f"{sum(s.connected for s in self.endpoints.values())}/{len(self.endpoints)} connected"
         else:
             detail = f"{len(self.registered)} publisher(s) from the registry"
             if not self.registered and not self.senders:
                 where = describe_targets(list(self.endpoints), self.registry_dir)
-                sink.set_notice("waiting", f"{self.waiting_hint} (looking in {where})")
+                sink.tell(Notice("waiting", f"{self.waiting_hint} (looking in {where})"))
             else:
-                sink.set_notice("waiting", None)
-        sink.set_source_status(SourceStatus(kind="live", detail=detail))
+                sink.tell(Notice("waiting", None))
+        sink.tell(SourceStatus(kind="live", detail=detail))

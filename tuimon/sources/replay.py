@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 from publisher.wire.protocol import ProtocolError, decode
 from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
+from tuimon.sink import Batch, SourceStatus
 from tuimon.sources.base import ReplayControls, Source
-from tuimon.store import SourceStatus, Store
+from tuimon.store import Store
 
 #: Playback speeds that +/- step through; ``math.inf`` plays as fast as possible.
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, math.inf)
@@ -239,7 +240,7 @@ class ReplaySource:
 
     def _apply(self, start: int, stop: int) -> None:
         # Lines were validated on loading, so decode() cannot fail here.
-        self.store.apply_batch([decode(line) for line in self.recording.lines[start:stop]])
+        self.store.deliver(Batch([decode(line) for line in self.recording.lines[start:stop]]))
         self._index = stop
 
     def _wait_for_next(self) -> None:
@@ -253,8 +254,8 @@ class ReplaySource:
         self._wake.clear()
 
     def _count_bad_lines(self) -> None:
-        for error, where in self.recording.malformed:
-            self.store.count_malformed(error, where)
+        if self.recording.malformed:
+            self.store.deliver(Batch((), malformed=self.recording.malformed))
 
     def _publish_status(self) -> None:
         recording = self.recording
@@ -267,7 +268,7 @@ class ReplaySource:
             position = 1.0
         else:
             position = (shown - recording.start) / span if span > 0 else 0.0
-        self.store.set_source_status(
+        self.store.tell(
             SourceStatus(
                 kind="replay",
                 detail=self.where(),

@@ -6,8 +6,9 @@ immutable copies (:mod:`tuimon.store.records`) on timers.
 
 from __future__ import annotations
 
+from tuimon.sink import SourceStatus
 from tuimon.store.job import CELL_METRICS, Cell, JobView, NodeView
-from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
+from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView
 from tuimon.store.series import SERIES_CAPACITY, Series
 from tuimon.store.store import GPU_HISTORY, MAX_EVENTS, STALE_AFTER_S, THROUGHPUT_METRICS, Store
 

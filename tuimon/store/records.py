@@ -87,16 +87,3 @@ class Counters:
     last_malformed: str | None
     gaps: int
     dropped: int
-
-
-@dataclass(frozen=True)
-class SourceStatus:
-    """What the source is doing: live or replay, with replay position and speed."""
-
-    kind: str = "live"
-    detail: str = ""
-    speed: float | None = None
-    paused: bool = False
-    position: float = 0.0
-    position_ts: float | None = None
-    duration_s: float = 0.0

@@ -1,9 +1,10 @@
 """Viewer state built from decoded wire messages: plain Python, no Textual, one lock.
 
-Both sources (the live ZeroMQ receiver and the recording player) feed a :class:`Store`; the
-dashboard reads it on timers. Writers apply whole batches under the lock and readers take small
-copies, so neither side waits on the other for long. Every section of a run carries a version
-counter so a panel can skip its redraw when nothing it shows has changed.
+Both sources (the live ZeroMQ receiver and the recording player) feed a :class:`Store` through the
+:class:`~tuimon.sink.Sink` interface; the dashboard reads it on timers. Writers apply whole batches
+under the lock and readers take small copies, so neither side waits on the other for long. Every
+section of a run carries a version counter so a panel can skip its redraw when nothing it shows has
+changed.
 
 Messages must already have passed :func:`publisher.wire.protocol.decode`: the store trusts the shapes
 the protocol validates and treats everything else as optional.
@@ -21,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from publisher.wire.protocol import ProtocolError, numbered_by_sender, read_number
+from tuimon.sink import Batch, News, Notice, Sink, SourceStatus
 from tuimon.store.job import JobState, JobView
 from tuimon.store.layers import LayerHistory, LayerMatrix
-from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView, SourceStatus
+from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView
 from tuimon.store.series import Ring, Series, share_of_points
 
 #: A run whose senders have been silent this long is shown as stale (heartbeats come every 1 s).
@@ -108,8 +110,9 @@ def _number(value: Any) -> float:
     return math.nan if number is None else number
 
 
-class Store:
-    """Every run heard from, keyed by run name, plus source-wide counters.
+class Store(Sink):
+    """Every run heard from, keyed by run name, plus source-wide counters: the :class:`Sink` both
+    sources fill (the live receiver, the recording player).
 
     ``clock`` gives "now" for health (live: wall time; replay: the recording's virtual time).
     With ``stamp_with_message_ts`` a message counts as heard at its own ``ts`` (replay), otherwise
@@ -157,78 +160,43 @@ class Store:
             self._reset_state()
             self.generation += 1
 
-    def apply_batch(
-        self,
-        messages: Iterable[Mapping[str, Any]],
-        *,
-        received: int | None = None,
-        malformed: Iterable[ProtocolError] = (),
-        complete: bool = True,
-    ) -> None:
-        """Apply decoded live messages in order; count frames received and malformed ones.
+    def deliver(self, batch: Batch) -> None:
+        """Apply what a source heard, in order; count the frames received and the malformed ones.
 
-        ``received`` is the number of frames read (defaults to the number of messages), so frames
-        dropped before decoding (malformed) still count as received. ``complete`` False: the
-        senders' streams are filtered by subscription (through a relay), so a jump in ``seq`` is
-        not a loss and is not counted as a gap.
+        Live messages are applied in chunks, the lock let go between them (readers never wait
+        long); a sequence gap among them is counted unless the batch is not ``complete``. A
+        snapshot is applied in one hold of the lock: its messages without counting gaps (it holds
+        a selection), then its sender's last ``seq`` set to the snapshot's, then the live messages
+        that followed it.
         """
-        malformed = list(malformed)
-        applied = 0
-        for chunk in _chunks(messages):  # the lock is let go between chunks: readers never wait long
+        snapshot = batch.snapshot
+        if snapshot is None:
+            for chunk in _chunks(batch.messages):
+                with self._lock:
+                    self._apply_each(chunk, live=batch.complete)
+        else:
             with self._lock:
-                applied += self._apply_each(chunk, live=complete)
+                self._apply_each(batch.history, live=False)
+                known = self._run(snapshot.run)
+                state = self._rank(known, snapshot.rank, host="") if known is not None else None
+                if state is not None:
+                    state.last_seq = snapshot.seq
+                self._apply_each(batch.live, live=True)
+        received = batch.received
         with self._lock:
-            self._received += (applied + len(malformed)) if received is None else received
-            for error in malformed:
-                self._count_malformed(error)
+            self._received += len(batch.messages) + len(batch.malformed) if received is None else received
+            for error, where in batch.malformed:
+                self._count_malformed(error, where)
             self._counters_version = self._next()
 
-    def apply_snapshot(
-        self,
-        run: str,
-        rank: int,
-        messages: Iterable[Mapping[str, Any]],
-        seq: int,
-        *,
-        then: Iterable[Mapping[str, Any]] = (),
-        malformed: Iterable[ProtocolError] = (),
-    ) -> None:
-        """Apply a late joiner's snapshot of one sender, whose last message is ``seq``.
-
-        Gaps between snapshot messages are expected (it holds a selection), so none are counted.
-        ``then`` are the live messages buffered meanwhile, already filtered to ``seq > S``; they
-        were counted as received when they arrived, the snapshot's frames are counted here.
-        """
+    def tell(self, news: News) -> None:
+        """A notice for the dashboard's lines (text None clears it), or the source's status."""
         with self._lock:
-            count = self._apply_each(messages, live=False)
-            known = self._run(run)
-            state = self._rank(known, rank, host="") if known is not None else None
-            if state is not None:
-                state.last_seq = seq
-            self._apply_each(then, live=True)
-            malformed = list(malformed)
-            for error in malformed:
-                self._count_malformed(error)
-            self._received += count + len(malformed)
-            self._counters_version = self._next()
-
-    def count_malformed(self, error: ProtocolError, where: str | None = None) -> None:
-        """Count one malformed frame or line; ``where`` (e.g. ``"run.jsonl:17"``) is kept for display."""
-        with self._lock:
-            self._received += 1
-            self._count_malformed(error, where)
-            self._counters_version = self._next()
-
-    def set_source_status(self, status: SourceStatus) -> None:
-        with self._lock:
-            if status != self._source:
-                self._source = status
+            if isinstance(news, Notice):
+                self._set_notice(news.key, news.text, news.ttl_s)
+            elif news != self._source:
+                self._source = news
                 self._source_version = self._next()
-
-    def set_notice(self, key: str, text: str | None, *, ttl_s: float | None = None) -> None:
-        """Show (or clear, with None) a line on the dashboard, e.g. "nothing heard from ..."."""
-        with self._lock:
-            self._set_notice(key, text, ttl_s)
 
     def _set_notice(self, key: str, text: str | None, ttl_s: float | None) -> None:
         old = self._notices.get(key)
@@ -273,16 +241,13 @@ class Store:
             self._bump(run, "run")
         return state
 
-    def _apply_each(self, messages: Iterable[Mapping[str, Any]], *, live: bool) -> int:
+    def _apply_each(self, messages: Iterable[Mapping[str, Any]], *, live: bool) -> None:
         """Apply messages in order; one that breaks the store is counted as malformed, alone."""
-        count = 0
         for message in messages:
-            count += 1
             try:
                 self._apply(message, live=live)
             except Exception as exc:  # decode() let it through: a bug here must not lose the batch
                 self._count_malformed(ProtocolError(f"{message.get('type')}: {exc!r}", "viewer error"))
-        return count
 
     def _apply(self, message: Mapping[str, Any], *, live: bool) -> None:
         """Book-keep the sender (sequence gaps, last heard), then hand the message to its type's handler."""
