@@ -9,7 +9,7 @@ stage, not the run), then one summary table: stage, pass/fail/skipped, seconds, 
 1. ``gpu tests``: the tests that skip themselves without a GPU (:data:`GPU_TESTS`: found by their
    ``skipif`` on ``torch.cuda.is_available()`` or on an NVIDIA driver). On a GPU machine a test
    of these that still skips has not run: that is a failure here, with its skip reason.
-2. ``nvml reader``: the Monitor's own NVML reader (:class:`publisher.collect.gpu.NvmlSource`) over
+2. ``nvml reader``: the Monitor's own NVML reader (:class:`publisher.threads.gpu.NvmlSource`) over
    every device of the node; every field it reads is printed (utilisation, memory, temperature,
    power and its enforced limit, SM clock, clock-event "throttle" reasons, volatile uncorrected
    ECC errors; NVML API reference: https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html)
@@ -21,7 +21,7 @@ stage, not the run), then one summary table: stage, pass/fail/skipped, seconds, 
    invariants' optimizer hooks, ``Monitor.step``, its step worker) must never wait for the device.
    The Monitor's budgets are forced open (gradient norm every step, layer samples and invariant
    checks every second step, memory every step, GPUs read through NVML) and the run is longer than
-   the label count of the loss watch (:data:`~publisher.collect.torch_calls.COUNTED_CALLS`), so every
+   the label count of the loss watch (:data:`~publisher.patches.torch_calls.COUNTED_CALLS`), so every
    sampled measurement runs inside the checked region, from the Monitor's first step on. Three
    things the "error" mode alone would miss are checked too: the Monitor turns its own failures into
    counted telemetry errors (a raised sync would be swallowed there), the invariant checker
@@ -66,11 +66,11 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from publisher.collect.gpu import DEVICE_FIELDS, GpuUnavailable, NvmlSource
-from publisher.collect.torch_calls import COUNTED_CALLS
 from publisher.invariants import InvariantConfig
 from publisher.monitor import Monitor
+from publisher.patches.torch_calls import COUNTED_CALLS
 from publisher.stats.sampler import StatsConfig
+from publisher.threads.gpu import DEVICE_FIELDS, GpuUnavailable, NvmlSource
 from publisher.wire.recorder import read_recording
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,8 +36,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from publisher.collect import torch_calls
 from publisher.monitor import Monitor
+from publisher.patches import torch_calls
 
 #: torch's own, before the Monitor's watch wraps it (for the plain arm); the monitored arm calls
 #: the wrapped one, installed here as a Monitor would.
@@ -108,7 +108,7 @@ class Trainer:
     """A real MLP training step (forward, backward, Adam) over a fixed set of distinct batches.
 
     ``cross_entropy`` is the function the step calls: the plain arm gets torch's own, captured
-    before any Monitor wrapped it (:mod:`publisher.collect.torch_calls`), so that the wrapper's
+    before any Monitor wrapped it (:mod:`publisher.patches.torch_calls`), so that the wrapper's
     cost is on the monitored arm only.
     """
 

@@ -10,8 +10,9 @@ each part does:
 - ``wire/``: what crosses the process boundary (protocol, publisher socket, recording, registry);
 - ``readings/``: what the training thread reads: a step's numbers (timing, compute time, memory,
   batch fingerprints, the trained parameters), and once, who the process is;
-- ``collect/``: what runs beside the training thread (step worker, hang watchdog, GPUs through
-  NVML) and the watched torch calls;
+- ``threads/``: what runs beside the training thread (step worker, hang watchdog, GPU sampling
+  through NVML);
+- ``patches/``: wrappers over torch functions (gradient clipping, the classification loss);
 - ``measure/``: what the statistics and the checks share (cost budgets, the device fetch, the base
   of hooked checks, torch helpers);
 - ``stats/``: per-layer statistics;

@@ -25,8 +25,8 @@ from types import FrameType
 import torch
 from torch import nn
 
-from publisher.collect.gpu import SimulatedSource
 from publisher.monitor import Monitor
+from publisher.threads.gpu import SimulatedSource
 
 INPUTS, HIDDEN, CLASSES = 32, 128, 10
 BATCH = 64

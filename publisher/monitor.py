@@ -9,7 +9,7 @@
 
 This module is the training thread's side: it reads a few numbers and queues a few device
 operations per step, then hands the finished step (:class:`~publisher.reporter.FinishedStep`) to
-the step worker's thread (:mod:`publisher.collect.step_worker`). Everything it feeds is built in
+the step worker's thread (:mod:`publisher.threads.step_worker`). Everything it feeds is built in
 :mod:`publisher.wiring`: publishing the step and showing it to the detectors
 (:mod:`publisher.reporter`) run on the step worker's thread, encoding, sending and recording on
 the publisher's, GPU polling on the sampler's. On CUDA the step's numbers reach the host through
@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from publisher.collect import torch_calls
 from publisher.detectors import Detector
 from publisher.invariants import InvariantConfig
 from publisher.measure.fetch import DeviceFetch
+from publisher.patches import torch_calls
 from publisher.readings.batches import BatchPrint, LoaderBook, LoaderPasses
 from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.cpu_wait import CpuWait
@@ -93,7 +93,7 @@ class Monitor:
     are also read every few steps (:data:`~publisher.readings.memory.DEFAULT_EVERY_STEPS`).
     ``hang_after_s``: seconds without a step after which the thread that calls :meth:`step`
     counts as stalled, and heartbeats carry its Python stack and whether it waits in a
-    collective (:mod:`publisher.collect.watchdog`); None (the default) for max(5 s, 10 typical
+    collective (:mod:`publisher.threads.watchdog`); None (the default) for max(5 s, 10 typical
     steps). Heartbeats carry ``stalled_s`` from the first step on either way.
     """
 

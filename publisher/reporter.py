@@ -1,7 +1,7 @@
 """``Reporter``: what a run says, put on the publisher off the training thread.
 
 The training thread reads a step's numbers and, once they are all on the host, queues them as a
-:class:`FinishedStep` for the step worker (:mod:`publisher.collect.step_worker`). Everything after
+:class:`FinishedStep` for the step worker (:mod:`publisher.threads.step_worker`). Everything after
 that is the reporter's: on the worker's thread it publishes the step's ``metrics`` (with the
 ``layers`` payload on a sampled step) and then shows the step to the detectors; on the GPU
 sampler's thread it does the same with a GPU reading. The detectors' and the invariants' findings
@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from publisher.collect.gpu import GpuSource
 from publisher.detectors import Detector, DetectorSet
 from publisher.readings import sysinfo
 from publisher.readings.batches import BatchPrint
 from publisher.readings.identity import describe_model
 from publisher.stats.layer_sample import LayerSample, SampleLayout
 from publisher.telemetry_errors import TelemetryErrors
+from publisher.threads.gpu import GpuSource
 from publisher.wire.event_kinds import EVENT_KINDS
 from publisher.wire.jsonsafe import json_safe, truncate
 from publisher.wire.protocol import SEVERITIES, wire_numbers

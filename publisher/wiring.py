@@ -15,9 +15,6 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from publisher.collect.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
-from publisher.collect.step_worker import StepWorker
-from publisher.collect.watchdog import HangWatchdog
 from publisher.detectors import Detector, default_detectors
 from publisher.invariants import InvariantConfig
 from publisher.invariants.link import InvariantLink
@@ -27,6 +24,9 @@ from publisher.readings.timing import StepTimer
 from publisher.reporter import FinishedStep, Reporter
 from publisher.stats.sampler import LayerSampler, StatsConfig
 from publisher.telemetry_errors import TelemetryErrors
+from publisher.threads.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
+from publisher.threads.step_worker import StepWorker
+from publisher.threads.watchdog import HangWatchdog
 from publisher.wire.transport import Publisher
 
 

@@ -14,10 +14,10 @@ import torch
 from test_monitor import messages_in, of_type
 from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomSampler
 
-from publisher.collect import torch_calls
 from publisher.detectors import Finding
 from publisher.detectors.data import DuplicateBatches
 from publisher.monitor import Monitor
+from publisher.patches import torch_calls
 from publisher.readings.batches import LoaderBook, loader_shuffles
 
 

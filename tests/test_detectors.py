@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from publisher.collect.gpu import SimulatedSource
 from publisher.detectors import Detector, DetectorSet, Finding, default_detectors
 from publisher.detectors.episodes import EpisodeTracker
 from publisher.detectors.gpu import GpuEcc, GpuImbalance, GpuLowUtil, GpuThrottle
@@ -26,6 +25,7 @@ from publisher.detectors.grads import (
 from publisher.detectors.loss import LossPlateau, LossSpike, NonFiniteLoss
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
+from publisher.threads.gpu import SimulatedSource
 from publisher.wire.event_kinds import EVENT_KINDS
 
 Event = tuple[int | None, dict[str, Any]]

@@ -20,7 +20,9 @@ import pynvml
 import pytest
 import torch
 
-from publisher.collect.gpu import (
+from publisher.detectors.gpu import GpuImbalance
+from publisher.monitor import Monitor
+from publisher.threads.gpu import (
     DEVICE_FIELDS,
     GpuSampler,
     GpuUnavailable,
@@ -29,8 +31,6 @@ from publisher.collect.gpu import (
     decode_throttle,
     open_gpu_source,
 )
-from publisher.detectors.gpu import GpuImbalance
-from publisher.monitor import Monitor
 from publisher.wire.protocol import decode
 
 
@@ -169,7 +169,7 @@ def test_nvml_without_a_driver_raises_a_clear_error() -> None:
 @needs_no_driver
 def test_auto_without_a_driver_returns_none_and_says_so_once() -> None:
     script = (
-        "from publisher.collect.gpu import open_gpu_source\n"
+        "from publisher.threads.gpu import open_gpu_source\n"
         "assert open_gpu_source('auto') is None\n"
         "assert open_gpu_source('auto') is None\n"
         "print('ok')\n"
@@ -218,7 +218,7 @@ def test_sampler_survives_failing_reads_and_logs_once(caplog: pytest.LogCaptureF
             enough.set()
 
     source = FlakySource(failing_reads={1, 3})
-    with caplog.at_level(logging.ERROR, logger="publisher.collect.gpu"):
+    with caplog.at_level(logging.ERROR, logger="publisher.threads.gpu"):
         sampler = GpuSampler(source, on_sample, interval_s=0.01).start()
         assert enough.wait(5.0), "the sampler stopped after a failing read"
         sampler.stop()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from publisher.collect.step_worker import StepWorker
+from publisher.threads.step_worker import StepWorker
 
 
 def test_items_are_handled_in_the_background_in_order_and_the_rest_at_close() -> None:

@@ -20,9 +20,9 @@ import zmq
 from ports import free_port
 from publisher_client import Message, receive
 
-from publisher.collect import stacks
-from publisher.collect.watchdog import HangWatchdog
 from publisher.readings.timing import StepTimer
+from publisher.threads import stacks
+from publisher.threads.watchdog import HangWatchdog
 from publisher.wire.protocol import ProtocolError, decode, encode, make_message
 from publisher.wire.transport import Publisher
 

@@ -18,10 +18,10 @@ What is hooked, all through public PyTorch extension points or thin wrappers:
 - ``_BaseDataLoaderIter.__next__``: time spent waiting for a batch (``data_time``), its arrival
   (where ``compute_time`` starts), its size (``samples_per_s``) and its fingerprint (repeated
   batches: :mod:`publisher.readings.batches`).
-- The Monitor's hang watchdog (:mod:`publisher.collect.watchdog`) follows the thread that steps
+- The Monitor's hang watchdog (:mod:`publisher.threads.watchdog`) follows the thread that steps
   the primary optimizer, as it follows the caller of ``Monitor.step`` in a hand-written loop.
 - ``clip_grad_norm_``, ``clip_grad_value_`` and ``cross_entropy`` are watched
-  (:mod:`publisher.collect.torch_calls`), installed as torch is imported so that the script's own
+  (:mod:`publisher.patches.torch_calls`), installed as torch is imported so that the script's own
   imports of those names see the watched ones.
 
 Configuration comes from the environment ``tuimon run`` sets: ``TUIMON_RUN``,
@@ -171,7 +171,7 @@ def _instrument(torch: ModuleType) -> None:
 
     register_optimizer_step_pre_hook(before_step)
     register_optimizer_step_post_hook(after_step)
-    from publisher.collect import torch_calls
+    from publisher.patches import torch_calls
 
     torch_calls.install()
 

@@ -447,7 +447,7 @@ class ClipNoop(Detector):
     ``zero_grad()``) see gradients that are None or zero: they clip nothing and return 0, the
     optimizer then steps on the full, unclipped gradients, and the explosion clipping was there to
     stop shows up much later as a loss spike. The clip calls are seen by the watch of
-    :mod:`publisher.collect.torch_calls`, which reports, per step, how many saw no gradient
+    :mod:`publisher.patches.torch_calls`, which reports, per step, how many saw no gradient
     (``clip_noop_calls``); this fires on the first such step whose own gradients were real
     (``grad_norm`` above 0, or not measured on that step), so within one step of the bug.
     """

@@ -368,7 +368,7 @@ class ChanceLoss(Detector):
     apart from their inputs, inputs that carry no signal, a target off by one all keep the loss
     there while every other signal looks healthy. Karpathy's "A Recipe for Training Neural
     Networks" (2019) makes the check by hand: the loss at initialisation is ``log C``, and it must
-    then leave it. The ``cross_entropy`` watch (:mod:`publisher.collect.torch_calls`) gives C from
+    then leave it. The ``cross_entropy`` watch (:mod:`publisher.patches.torch_calls`) gives C from
     the logits and the labels' entropy H (counted over the first calls), so chance is a number to
     compare with. Fires when, over the last ``window`` (48) steps after ``settle`` (10):
 

@@ -66,7 +66,7 @@ class DetectorSet:
     neither the training nor the other checks.
 
     Synchronous: the Monitor calls :meth:`observe_step` from its step worker's thread
-    (:mod:`publisher.collect.step_worker`), in batches, not from the training thread (measured on a CPU,
+    (:mod:`publisher.threads.step_worker`), in batches, not from the training thread (measured on a CPU,
     the same detector code costs ~13 us per step between training steps, whose kernels evict its
     data and bytecode from the caches, and ~2 us in a batch); :meth:`observe_gpu` from the GPU
     sampler's thread.

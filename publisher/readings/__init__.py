@@ -8,5 +8,6 @@ for a CPU (``cpu_wait.py``) at a bounded rate, batch fingerprints on the data pa
 (``batches.py``), and the parameters the optimizers train (``params.py``). Once, at start: which
 run, rank and world this is (``identity.py``) and what reproduces it (``sysinfo.py``).
 
-Nothing here starts a thread or patches torch: those are in ``collect/``.
+Nothing here starts a thread or patches torch: what runs beside the training is in ``threads/``,
+what wraps torch functions in ``patches/``.
 """

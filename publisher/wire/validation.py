@@ -220,7 +220,7 @@ def _invariant(message: Mapping[str, Any]) -> None:
 
 #: Entries in a heartbeat's ``stack`` (the training thread's Python stack while it is stalled, one
 #: "file:line function" each, innermost last) and characters in one entry. Publishers send fewer
-#: and shorter ones (:mod:`publisher.collect.stacks`); the frame's 16 KiB bound holds in any case.
+#: and shorter ones (:mod:`publisher.threads.stacks`); the frame's 16 KiB bound holds in any case.
 MAX_STACK_FRAMES = 64
 MAX_STACK_ENTRY_CHARS = 512
 

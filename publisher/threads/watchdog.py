@@ -7,7 +7,7 @@ verdict from heartbeats the training sends itself, with timeouts "calculated bas
 heartbeat intervals":
 https://nvidia.github.io/nvidia-resiliency-ext/fault_tolerance/integration/heartbeats.html). What
 only the process itself can add is *where* the training thread is: this thread reads the training
-thread's Python stack from the outside (:mod:`publisher.collect.stacks`) once no step has
+thread's Python stack from the outside (:mod:`publisher.threads.stacks`) once no step has
 completed for longer than a threshold, and the heartbeat carries it
 (:meth:`HangWatchdog.heartbeat_fields`, called on the publisher's thread).
 
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from publisher.collect.stacks import Stack, capture
 from publisher.readings.timing import StepTimer
+from publisher.threads.stacks import Stack, capture
 
 log = logging.getLogger(__name__)
 
