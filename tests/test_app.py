@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 from conftest import RawPublisher, RunBuilder, synthetic_run, wait_for_screen, write_recording
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
@@ -156,6 +157,42 @@ async def test_selecting_an_event_shows_its_details(recording: Path) -> None:
         app.action_event_details()
         await pilot.pause()
         assert app.screen.event.id == "0-2" and "loss is nan at step 200" in text(app.screen, "#event-detail")
+
+
+async def test_enter_opens_the_highlighted_event_whatever_arrives_meanwhile(
+    raw_publisher: RawPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live events arrive while the user picks one: the cursor stays on the event highlighted
+    (not on the newest, not on the row of the same index once the oldest rows are dropped), and
+    enter opens that one."""
+    monkeypatch.setattr("tuimon.ui.dashboard.events.MAX_ROWS", 3)
+    async with dashboard(LiveSource([raw_publisher.endpoint])) as (app, pilot):
+        log = app.query_one(EventLog)
+        rows = lambda: [log.coordinate_to_cell_key((row, 0)).row_key.value for row in range(log.row_count)]  # noqa: E731
+
+        def send_events(*numbers: int) -> None:
+            for n in numbers:
+                raw_publisher.send_new("event", step=n, id=f"0-{n}", severity="warning", kind="loss_spike",
+                                       message=f"loss spike number {n}", details={}, count=1)
+
+        def publish_until_shown() -> bool:
+            raw_publisher.send(raw_publisher.builder.run_start())
+            raw_publisher.metrics(0, loss=1.0)
+            return shown_step(app) is not None
+
+        await wait_for_screen(pilot, publish_until_shown, what="the run")
+        send_events(1, 2, 3)
+        await wait_for_screen(pilot, lambda: rows() == ["0-1", "0-2", "0-3"], what="three events")
+        await pilot.press("e")  # the newest, event 3, highlighted: the user reads it
+        assert log.highlighted_key == "0-3"
+        send_events(4, 5)  # events 1 and 2 are dropped from the log, event 3 moves to its top
+        await wait_for_screen(pilot, lambda: rows() == ["0-3", "0-4", "0-5"], what="two more events")
+        detail_line = str(app.query_one("#events-panel .row-detail").visual)
+        assert log.highlighted_key == "0-3" and "loss spike number 3" in detail_line
+        await pilot.press("enter")
+        await wait_for_screen(pilot, lambda: isinstance(app.screen, EventDetailScreen), what="the details")
+        assert app.screen.event.id == "0-3"
+        assert "loss spike number 3" in text(app.screen, "#event-detail")
 
 
 async def test_event_context_for_other_screens(recording: Path) -> None:

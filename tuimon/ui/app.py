@@ -426,22 +426,29 @@ class TuimonApp(App[None]):
 
     def action_focus_events(self) -> None:
         self.show_view("events")
-        self.query_one(EventLog).focus()
+        log = self.query_one(EventLog)
+        log.focus()
+        log.hold()  # the user is about to pick an event: new ones must not move the cursor off it
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "events":
-            self.action_event_details()
+            # The row enter was pressed on: a redraw since then may have moved the cursor.
+            self.show_event_details(self._run_event(event.row_key.value))
 
     def selected_event(self) -> EventRecord | None:
         """The event under the event log's cursor."""
-        event_id = self.query_one(EventLog).highlighted_key
+        return self._run_event(self.query_one(EventLog).highlighted_key)
+
+    def _run_event(self, event_id: str | None) -> EventRecord | None:
         if self.run_name is None or event_id is None:
             return None
         return self.store.event(self.run_name, event_id)
 
     def event_context(self, *, before: int = 50, after: int = 50) -> EventContext | None:
         """The selected event, its run and the metrics ``before``/``after`` its step."""
-        event = self.selected_event()
+        return self._context_of(self.selected_event(), before, after)
+
+    def _context_of(self, event: EventRecord | None, before: int, after: int) -> EventContext | None:
         if event is None or self.run_name is None:
             return None
         window = {}
@@ -450,7 +457,11 @@ class TuimonApp(App[None]):
         return EventContext(self.store, self.run_name, self.store.run_view(self.run_name), event, window)
 
     def action_event_details(self) -> None:
-        context = self.event_context(before=CONTEXT_STEPS, after=CONTEXT_STEPS)
+        self.show_event_details(self.selected_event())
+
+    def show_event_details(self, event: EventRecord | None) -> None:
+        """The details of ``event`` (None: say how an event gets selected)."""
+        context = self._context_of(event, CONTEXT_STEPS, CONTEXT_STEPS)
         if context is None:
             self.notify("no event selected: events appear in the log when detectors fire", timeout=3)
             return

@@ -1,8 +1,10 @@
 """Event log: anomaly episodes in the order they began, newest at the bottom.
 
 An episode that repeats is re-sent with the same id and a higher count; its row is updated in
-place. The cursor follows new events while it sits on the last row, and stays put once the user
-moved it up to read something.
+place. Until the user takes the cursor (moves it, or focuses the log with ``e`` to pick an event)
+it follows new events to the bottom; from then on it stays on its event, by the event's id,
+whatever arrives: rows added below it, the oldest rows dropped above it. The row ``enter`` opens
+is then the one the user was looking at, never one that arrived a moment before the key press.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ class EventLog(RowTable):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._shown: dict[str, EventRecord] = {}
+        #: True once the user took the cursor: it stays on its event instead of following new ones.
+        self.held = False
+        self._placed: str | None = None  # the event this log last put the cursor on
 
     def on_mount(self) -> None:
         self.framed_by.border_title = "Events"
@@ -41,6 +46,12 @@ class EventLog(RowTable):
     def reset(self) -> None:
         self.clear()
         self._shown = {}
+        self.held = False
+        self._placed = None
+
+    def hold(self) -> None:
+        """Keep the cursor on the event it is on (the user is about to pick one)."""
+        self.held = True
 
     def row_detail(self, key: str) -> Content:
         record = self._shown.get(key)
@@ -52,7 +63,9 @@ class EventLog(RowTable):
 
     def show(self, records: list[EventRecord]) -> None:
         """Add new episodes, update repeated ones in place; keep the latest :data:`MAX_ROWS`."""
-        following = self.cursor_row >= self.row_count - 1
+        if self.highlighted_key != self._placed:
+            self.held = True  # the user moved the cursor since this log last placed it
+        kept = self.highlighted_key
         latest = records[-MAX_ROWS:]
         for record in latest:
             old = self._shown.get(record.id)
@@ -73,11 +86,25 @@ class EventLog(RowTable):
         for old_id in list(self._shown)[: max(0, len(self._shown) - MAX_ROWS)]:  # the oldest go
             del self._shown[old_id]
             self.remove_row(old_id)
-        if following and self.row_count:
-            self.move_cursor(row=self.row_count - 1)
+        self._place_cursor(kept)
         critical = sum(r.severity == "critical" for r in records)
         title = f"Events ({len(records):,}, {critical:,} critical)" if records else "Events"
         if len(records) > len(self._shown):
             title += f"  latest {len(self._shown):,} shown"
         self.framed_by.border_title = title
         self.rows_changed()
+
+    def _place_cursor(self, kept: str | None) -> None:
+        """The cursor on event ``kept`` while the user holds it, else on the newest event (a held
+        event whose row was dropped as one of the oldest gives way to the oldest one left)."""
+        if not self.row_count:
+            return
+        if not self.held:
+            row = self.row_count - 1
+        elif kept in self._shown:
+            row = self.get_row_index(kept)
+        else:
+            row = 0
+        if row != self.cursor_row:
+            self.move_cursor(row=row, animate=False)
+        self._placed = self.highlighted_key
