@@ -195,6 +195,23 @@ async def test_enter_opens_the_highlighted_event_whatever_arrives_meanwhile(
         assert "loss spike number 3" in text(app.screen, "#event-detail")
 
 
+async def test_a_run_without_gpus_says_so_and_how_to_simulate_them(tmp_path: Path) -> None:
+    """``gpu_source: none`` in run_start: no readings will ever come, so the panel says so instead
+    of waiting for them; a run that reads GPUs but sent none yet is still "waiting"."""
+    without = [m for m in synthetic_run("cpu-only", steps=50) if m["type"] != "gpu"]
+    without[0]["gpu_source"] = "none"
+    waiting = [m for m in synthetic_run("not-yet", steps=50, t0=1_700_000_001.0) if m["type"] != "gpu"]
+    recordings = [write_recording(tmp_path / f"{run[0]['run']}.jsonl", run) for run in (without, waiting)]
+    async with dashboard(ReplaySource(recordings, speed=math.inf), run="cpu-only") as (app, pilot):
+        panel = lambda: text(app, "#gpus .gpu-empty")  # noqa: E731
+        await wait_for_screen(pilot, lambda: "no GPUs on this run's host" in panel(), what="no GPUs")
+        assert "(gpu_source: none)" in panel()
+        assert "tuimon run --gpu simulated" in panel() and 'Monitor(gpu="simulated")' in panel()
+        await pilot.press("r")
+        await wait_for_screen(pilot, lambda: "not-yet" in text(app, "#header"), what="the other run")
+        await wait_for_screen(pilot, lambda: panel() == "no GPU data yet", what="waiting for GPUs")
+
+
 async def test_event_context_for_other_screens(recording: Path) -> None:
     async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
         await played_to_end(app, pilot)

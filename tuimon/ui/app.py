@@ -287,10 +287,11 @@ class TuimonApp(App[None]):
             self.query_one(StatusLine).show(store.counters(), self.source.where())
         if run is None:
             return
-        if self._changed("gpu", (versions["gpu"], self.focus_rank)):
+        said = (view.gpu_source, view.gpu_simulated) if view else None  # what the run said of its GPUs
+        if self._changed("gpu", (versions["gpu"], self.focus_rank, said)):
             devices = store.devices(run)
             focused = [device for device in devices if device.rank == self.focus_rank]
-            self.query_one(GpuPanel).show(focused or devices, view.gpu_simulated if view else False)
+            self.query_one(GpuPanel).show(focused or devices, view)
         if self._changed("invariants", versions["invariants"]):
             self.query_one(InvariantTable).show(store.invariants(run))
         if self._changed("events", versions["events"]):

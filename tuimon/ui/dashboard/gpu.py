@@ -17,7 +17,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from publisher.wire.protocol import read_number
-from tuimon.store import DeviceView
+from tuimon.store import DeviceView, RunView
 from tuimon.ui.format import bar, spark
 
 #: A device this many utilisation points away from the median of the others is an outlier.
@@ -141,6 +141,19 @@ class GpuCard(Static):
 
 #: Cards shown at most: a node's GPUs (8 or 16) fit; a whole job's belong in a job view.
 MAX_CARDS = 16
+#: What the empty panel says while the run may still send GPU readings.
+WAITING = "no GPU data yet"
+#: What it says when the run said at its start that it reads no GPUs: none will come, and how
+#: to get simulated ones (a demo on a machine without a GPU).
+NO_GPUS = (
+    "no GPUs on this run's host (gpu_source: none)\n"
+    "for simulated ones (a demo): tuimon run --gpu simulated, or Monitor(gpu=\"simulated\")"
+)
+
+
+def empty_text(view: RunView | None) -> str:
+    """What the panel says when it has no device to show."""
+    return NO_GPUS if view is not None and view.gpu_source == "none" else WAITING
 
 
 class GpuPanel(VerticalScroll):
@@ -163,13 +176,16 @@ class GpuPanel(VerticalScroll):
     def on_mount(self) -> None:
         self.border_title = "GPUs"
         self._placeholder: Static | None = None
-        self._set_placeholder(True)
+        self._set_placeholder(WAITING)
 
-    def _set_placeholder(self, shown: bool) -> None:
-        if shown and self._placeholder is None:
-            self._placeholder = Static("no GPU data yet", classes="gpu-empty")
+    def _set_placeholder(self, text: str | None) -> None:
+        """Show ``text`` in the empty panel (None: remove it, there are cards)."""
+        if text is not None and self._placeholder is None:
+            self._placeholder = Static(text, classes="gpu-empty", markup=False)
             self.mount(self._placeholder)
-        elif not shown and self._placeholder is not None:
+        elif text is not None and self._placeholder is not None:
+            self._placeholder.update(text)
+        elif text is None and self._placeholder is not None:
             self._placeholder.remove()
             self._placeholder = None
 
@@ -181,10 +197,11 @@ class GpuPanel(VerticalScroll):
         """
         self.border_subtitle = ""
 
-    def show(self, devices: list[DeviceView], simulated: bool) -> None:
-        """Cards for the first :data:`MAX_CARDS` devices; the others are counted in the border,
-        with how many of them stand out (outliers are found among all devices)."""
-        self.border_title = "GPUs  SIMULATED" if simulated else "GPUs"
+    def show(self, devices: list[DeviceView], view: RunView | None) -> None:
+        """Cards for the first :data:`MAX_CARDS` devices of the run of ``view``; the others are
+        counted in the border, with how many of them stand out (outliers are found among all
+        devices). Without devices, why there are none (:func:`empty_text`)."""
+        self.border_title = "GPUs  SIMULATED" if view is not None and view.gpu_simulated else "GPUs"
         outliers = find_outliers(devices)
         hidden = devices[MAX_CARDS:]
         devices = devices[:MAX_CARDS]
@@ -214,6 +231,6 @@ class GpuPanel(VerticalScroll):
             card.update(render_device(device, outliers.get(key), show_rank=show_rank, show_name=show_name))
             card.set_class(key in outliers, "-outlier")
             card.set_class(bool(device.latest.get("throttle")), "-throttled")
-        self._set_placeholder(not devices)
+        self._set_placeholder(None if devices else empty_text(view))
         if new_cards:
             self.mount_all(new_cards)
