@@ -486,10 +486,10 @@ class Store(Sink):
             if series is not None and len(series):
                 throughput = (name, series.values[-1])
                 break
-        ends = [r.end for r in ranks.values()]
+        ends = [r.end for r in ranks.values() if r.end]
         end_status = end_error = None
-        if ranks and all(ends):
-            worst = max(ends, key=lambda end: _RUN_END_SEVERITY.get(end.get("status"), 0))
+        if ranks and len(ends) == len(ranks):
+            worst = max(ends, key=lambda end: _RUN_END_SEVERITY.get(end.get("status", ""), 0))
             end_status, end_error = worst.get("status"), worst.get("error")
             health = "ended"
         else:
