@@ -181,13 +181,13 @@ class KnowledgeBase:
 
     def open_from_event(
         self,
-        event: Mapping[str, Any] | Any,
+        event: capture.EventLike,
         *,
         run: str | None = None,
         host: str | None = None,
         run_start: Mapping[str, Any] | None = None,
         metrics: capture.MetricSeries | None = None,
-        gpu_devices: Iterable[Mapping[str, Any] | Any] = (),
+        gpu_devices: Iterable[capture.DeviceLike] = (),
         window: int = capture.DEFAULT_WINDOW,
         title: str | None = None,
         tags: Iterable[str] = (),
@@ -252,12 +252,12 @@ class KnowledgeBase:
     def attach_events(
         self,
         ref: Ref,
-        events: Sequence[Mapping[str, Any] | Any],
+        events: Sequence[capture.EventLike],
         *,
         run: str | None = None,
         host: str | None = None,
         metrics: capture.MetricSeries | None = None,
-        gpu_devices: Iterable[Mapping[str, Any] | Any] = (),
+        gpu_devices: Iterable[capture.DeviceLike] = (),
         window: int = capture.DEFAULT_WINDOW,
     ) -> list[Entry]:
         """Add events to an incident (each once), with a new metrics window / GPU state if given."""

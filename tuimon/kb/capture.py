@@ -12,11 +12,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from publisher.wire.protocol import SEVERITIES, ProtocolError, read_number, wire_number
 from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 #: Steps kept on each side of the event(s).
 DEFAULT_WINDOW = 50
@@ -39,25 +42,36 @@ _ENVELOPE_ONLY = ("v", "type", "seq")
 MetricSeries = Mapping[str, tuple[Sequence[int], Sequence[Any]]]
 
 
-def as_event(
-    event: Mapping[str, Any] | Any, *, run: str | None = None, host: str | None = None
-) -> dict[str, Any]:
+class DeviceRecord(Protocol):
+    """The viewer's view of a GPU (``tuimon.store.records.DeviceView``): what capture reads of it."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def latest(self) -> Mapping[str, Any]: ...
+
+
+#: An event: a protocol ``event`` message, or the viewer's event record (a dataclass instance,
+#: ``tuimon.store.records.EventRecord``).
+EventLike: TypeAlias = "Mapping[str, Any] | DataclassInstance"
+#: A GPU: a protocol ``gpu`` device entry with ``rank``/``host``, or the viewer's device view.
+DeviceLike: TypeAlias = "Mapping[str, Any] | DeviceRecord"
+
+
+def as_event(event: EventLike, *, run: str | None = None, host: str | None = None) -> dict[str, Any]:
     """A protocol event as a dict; accepts the viewer's event records (dataclasses) too.
 
     The viewer's records do not repeat the run and host of their sender: ``run``/``host`` fill in.
     """
-    found = (
-        dataclasses.asdict(event)
-        if dataclasses.is_dataclass(event) and not isinstance(event, type)
-        else dict(event)
-    )
+    found = dict(event) if isinstance(event, Mapping) else dataclasses.asdict(event)
     for key, value in (("run", run), ("host", host)):
         if value is not None and not found.get(key):
             found[key] = value
     return found
 
 
-def as_device(device: Mapping[str, Any] | Any) -> dict[str, Any]:
+def as_device(device: DeviceLike) -> dict[str, Any]:
     """A GPU device entry (protocol ``gpu`` device with ``rank``/``host``), or the viewer's device
     view (its ``latest`` sample and ``rank``)."""
     if isinstance(device, Mapping):
@@ -165,7 +179,7 @@ def capture(
     *,
     run_start: Mapping[str, Any] | None = None,
     metrics: MetricSeries | None = None,
-    gpu_devices: Iterable[Mapping[str, Any] | Any] = (),
+    gpu_devices: Iterable[DeviceLike] = (),
     window: int = DEFAULT_WINDOW,
 ) -> dict[str, dict[str, Any]]:
     """Context for an incident about ``events``: kind ("metrics", "gpu", "reproduction") -> data."""
@@ -200,7 +214,7 @@ def title_for(events: Sequence[Mapping[str, Any]]) -> str:
 
 def severity_for(events: Sequence[Mapping[str, Any]]) -> str:
     """The most severe of the events' severities (``warning`` when none says)."""
-    found = [e.get("severity") for e in events if e.get("severity") in SEVERITIES]
+    found: list[str] = [e["severity"] for e in events if e.get("severity") in SEVERITIES]
     return max(found, key=SEVERITIES.index) if found else "warning"
 
 

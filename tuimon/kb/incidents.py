@@ -219,7 +219,7 @@ def context(db: sqlite_utils.Database, number: int) -> list[ContextRecord]:
 def create(db: sqlite_utils.Database, draft: IncidentDraft, author: str) -> Incident:
     """Open an incident from ``draft``: the row, its triggering events and its captured context."""
     first, last = model.step_range(draft.step_first, draft.step_last)
-    row = {
+    row: dict[str, Any] = {
         "title": model.title_text(draft.title),
         "status": model.choice(draft.status, model.STATUSES, "status"),
         "severity": model.choice(draft.severity, model.SEVERITY_CHOICES, "severity"),
@@ -472,7 +472,9 @@ def _insert_incident(db: sqlite_utils.Database, row: Mapping[str, Any]) -> int:
         f"INSERT INTO incidents ({names}) VALUES ({', '.join('?' * len(columns))})",
         [row[c] for c in columns],
     )
-    return int(cursor.lastrowid)
+    number = cursor.lastrowid
+    assert number is not None, "a successful INSERT sets lastrowid"
+    return number
 
 
 def _update_row(db: sqlite_utils.Database, number: int, values: Mapping[str, Any]) -> None:

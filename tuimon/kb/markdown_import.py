@@ -207,7 +207,7 @@ def parse_incident(text: str) -> ParsedIncident:
     source = text.split("\n")
     tokens = markdown_parser().parse(text)
     fields: dict[str, tuple[str, int]] | None = None
-    texts: dict[str, str] = {}
+    texts: model.IncidentTexts = {}
     section: str | None = None
     seen: set[str] = set()
     items: dict[str, list[_Item]] = {fmt.TIMELINE_SECTION: [], fmt.CONTEXT_SECTION: []}

@@ -55,7 +55,7 @@ class Merged:
     """The merged version, or the free-text fields (attribute names) both sides changed differently."""
 
     version: ParsedIncident | None
-    conflicts: tuple[str, ...] = ()
+    conflicts: tuple[model.TextField, ...] = ()
 
 
 def merge(base: Incident | None, local: ParsedIncident, other: ParsedIncident, author: str) -> Merged:
@@ -68,12 +68,12 @@ def merge(base: Incident | None, local: ParsedIncident, other: ParsedIncident, a
     for group in _SCALARS:
         value = _three_way(*(_fields(version, group) for version in (base, mine, theirs)))
         values.update(zip(group, _fields(later, group) if value is _CONFLICT else value, strict=True))
-    for name in model.TEXT_FIELDS:
-        value = _three_way(*(_fields(version, (name,)) for version in (base, mine, theirs)))
+    for text_field in model.TEXT_FIELDS:
+        value = _three_way(*(_fields(version, (text_field,)) for version in (base, mine, theirs)))
         if value is _CONFLICT:
-            conflicts.append(name)
+            conflicts.append(text_field)
         else:
-            values[name] = value[0]
+            values[text_field] = value[0]
     if conflicts:
         return Merged(None, tuple(conflicts))
     for name in _SETS:

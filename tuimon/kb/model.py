@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, TypeAlias, TypedDict
 
 from publisher.wire.protocol import SEVERITIES
 from publisher.wire.validation import MAX_INT, ProtocolError, check_free_form
@@ -35,14 +35,28 @@ OUTCOME_LABELS = {
     "made_worse": "made it worse",
 }
 #: Free-text fields of an incident, in the order they appear in an export (postmortem order).
-TEXT_FIELDS = ("summary", "trigger", "detection", "root_cause", "resolution")
-TEXT_FIELD_LABELS = {
+TextField: TypeAlias = Literal["summary", "trigger", "detection", "root_cause", "resolution"]
+TEXT_FIELDS: tuple[TextField, ...] = ("summary", "trigger", "detection", "root_cause", "resolution")
+TEXT_FIELD_LABELS: dict[TextField, str] = {
     "summary": "Summary",
     "trigger": "Trigger",
     "detection": "Detection",
     "root_cause": "Root cause",
     "resolution": "Resolution",
 }
+
+
+class IncidentTexts(TypedDict, total=False):
+    """Some of an incident's free-text fields by name (:data:`TEXT_FIELDS`), e.g. those an export
+    holds: ``dataclasses.replace(incident, **texts)``."""
+
+    summary: str
+    trigger: str
+    detection: str
+    root_cause: str
+    resolution: str
+
+
 #: Fields :func:`tuimon.kb.incidents.update` may change directly.
 EDITABLE_FIELDS = ("title", "severity", "run", "host", *TEXT_FIELDS)
 
@@ -152,7 +166,7 @@ class IncidentDraft:
     #: Protocol ``event`` messages that triggered it: each becomes an "event" timeline entry.
     events: list[Mapping[str, Any]] = field(default_factory=list)
     #: Captured context: kind ("metrics", "gpu", "reproduction") -> JSON-safe data.
-    context: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    context: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def now() -> str:

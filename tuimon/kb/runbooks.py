@@ -317,9 +317,9 @@ def progress(runbook: Runbook, entries: Iterable[Entry]) -> RunbookProgress:
             latest[str(data.get("step"))] = entry
     states = []
     for step in runbook.steps():
-        entry = latest.get(step.id)
-        checked = bool(entry is not None and (entry.data or {}).get("checked"))
+        ticked = latest.get(step.id)
+        checked = bool(ticked is not None and (ticked.data or {}).get("checked"))
         states.append(
-            StepState(step, checked, entry.author if entry else None, entry.time if entry else None)
+            StepState(step, checked, ticked.author if ticked else None, ticked.time if ticked else None)
         )
     return RunbookProgress(runbook, tuple(states))
