@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import synthetic_run, wait_for_screen, write_recording
 from textual.pilot import Pilot
+from textual.widgets import Static
 
 from tuimon.kb import IncidentDraft, KnowledgeBase
 from tuimon.sources.replay import ReplaySource
@@ -47,11 +48,11 @@ def kb(kb_dir: Path) -> Iterator[KnowledgeBase]:
 
 @asynccontextmanager
 async def dashboard(
-    recording: Path, kb_dir: Path, author: str = "alice", *, events: int = 2
+    recording: Path, kb_dir: Path, author: str = "alice", *, events: int = 2, size: tuple[int, int] = SIZE
 ) -> AsyncIterator[tuple[TuimonApp, Pilot]]:
     app = TuimonApp(ReplaySource([recording], speed=math.inf), kb_dir=str(kb_dir))
     app.kb_link = KbLink(kb_dir, author=author)  # as $TUIMON_AUTHOR would for another engineer
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=size) as pilot:
         await wait_for_screen(pilot, lambda: "ENDED" in str(app.query_one("#header").visual), what="the end")
         assert app.query_one(EventLog).row_count == events
         yield app, pilot
@@ -59,6 +60,11 @@ async def dashboard(
 
 def text(app: TuimonApp, selector: str) -> str:
     return str(app.screen.query_one(selector).visual)
+
+
+def help_text(app: TuimonApp) -> str:
+    """Everything the help screen on top lists (keys and what they do, one text per column)."""
+    return "\n".join(str(static.visual) for static in app.screen.query(Static))
 
 
 def list_rows(app: TuimonApp) -> list[str]:
@@ -372,19 +378,43 @@ async def test_attach_another_event_and_export_to_markdown(
         assert exported[0].read_text().startswith("# #1 loss_spike at step 120")
 
 
+@pytest.mark.parametrize("size", [(80, 24), (100, 30)], ids=["80x24", "100x30"])
+async def test_a_small_terminal_shows_the_list_then_the_incident_each_on_the_whole_width(
+    recording: Path, kb_dir: Path, size: tuple[int, int]
+) -> None:
+    """The list (64 columns) and the incident side by side would leave the runbook and timeline
+    a word a line: below 116 columns the screen shows one of them at a time, the whole width's."""
+    width = size[0]
+    shown = lambda: {w.id: w.region.width for w in app.screen.query("#kb-left, #kb-right") if w.region}  # noqa: E731
+    async with dashboard(recording, kb_dir, size=size) as (app, pilot):
+        await open_screen(app, pilot)
+        await open_incident(app, pilot)
+        assert shown() == {"kb-left": width}
+        await pilot.press("enter")  # open the highlighted incident: its runbook has the focus
+        assert app.focused is checklist(app) and shown() == {"kb-right": width}
+        for pane in (checklist(app), app.screen.query_one("#kb-timeline")):
+            assert pane.region.width == width
+        assert "Runbook: Loss spike" in str(checklist(app).border_title) and step_lines(app)
+        await pilot.press("escape")  # back to the list
+        assert shown() == {"kb-left": width}
+        await pilot.resize_terminal(160, 48)  # wide enough: side by side again
+        await pilot.pause(0.2)
+        assert shown() == {"kb-left": 64, "kb-right": 96}
+
+
 async def test_help_lists_the_incident_keys(recording: Path, kb_dir: Path) -> None:
     async with dashboard(recording, kb_dir) as (app, pilot):
         await pilot.press("question_mark")
-        assert "Incident screen (i)" in text(app, "#help-text")
+        assert "Incident screen (i)" in help_text(app)
         await pilot.press("escape")
         screen = await open_screen(app, pilot)
         shown = [b.binding for b in screen.active_bindings.values() if b.binding.show]
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        help_text = text(app, "#help-text")
+        listed = help_text(app)
         for binding in shown:
-            assert app.get_key_display(binding) in help_text
-        assert "Record something tried" in help_text and "Tick or untick" in help_text
+            assert app.get_key_display(binding) in listed
+        assert "Record something tried" in listed and "Tick or untick" in listed
         # Dashboard keys do nothing under the incident screen (l would change an unseen chart).
         assert {"l", "g", "c", "space", "plus"}.isdisjoint(b.key for b in shown)
 

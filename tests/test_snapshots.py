@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,8 @@ import pytest
 import zmq
 from conftest import FedSource, big_job, job_batches, job_store, wait_for_screen
 from textual.pilot import Pilot
+from textual.screen import Screen
+from textual.widget import Widget
 
 from publisher.wire.protocol import encode
 from publisher.wire.recorder import read_recording
@@ -64,6 +66,9 @@ FIXTURE_YEAR = "2026"
 KB_DIR = Path("/tmp/tuimon-snapshots/kb")
 LIVE_ENDPOINT = "ipc:///tmp/tuimon-snapshots/live.sock"
 SIZES = {"160x48": (160, 48), "80x24": (80, 24)}
+#: Screens whose boxes and panes must fit the common small terminals too.
+SMALL_SIZES = {"80x24": (80, 24), "100x30": (100, 30)}
+ALL_SIZES = {**SIZES, **SMALL_SIZES}
 
 Snap = Callable[..., bool]
 
@@ -189,42 +194,31 @@ def test_dashboard_live(snap_compare: Snap, fixed_paths: None, size: tuple[int, 
         context.destroy(linger=0)
 
 
-@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
-def test_event_detail(snap_compare: Snap, size: tuple[int, int]) -> None:
-    async def open_detail(pilot: Pilot) -> None:
-        await replay_to_end(pilot)
-        await pilot.press("e", "enter")
-        await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, EventDetailScreen), what="details")
-        await pilot.pause(0.6)  # the dashboard behind, where it shows, repainted
-
-    assert snap_compare(replay_app(), terminal_size=size, run_before=open_detail)
+async def open_detail(pilot: Pilot) -> None:
+    """The details of the event the log's cursor is on (the newest)."""
+    await replay_to_end(pilot)
+    await pilot.press("e", "enter")
+    await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, EventDetailScreen), what="details")
+    await pilot.pause(0.6)  # the dashboard behind, where it shows, repainted
 
 
-@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
-def test_layer_panel(snap_compare: Snap, size: tuple[int, int]) -> None:
-    """The demo's layers: gradient norms of its MLP over the run, the NaN step a red column."""
-
-    async def open_layers(pilot: Pilot) -> None:
-        await replay_to_end(pilot)
-        await pilot.press("h")
-        await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, LayerScreen), what="layers")
-        await pilot.press("enter")  # the history of the first layer
-        chart = pilot.app.screen.query_one(LayerHistoryChart)
-        await wait_for_screen(pilot, lambda: chart.drawn_at_size, what="the history at its size")
-        await pilot.pause(0.6)
-
-    assert snap_compare(replay_app(), terminal_size=size, run_before=open_layers)
+async def open_layers(pilot: Pilot) -> None:
+    """The demo's layers: gradient norms of its MLP over the run, the NaN step a red column, and
+    the history of the first layer."""
+    await replay_to_end(pilot)
+    await pilot.press("h")
+    await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, LayerScreen), what="layers")
+    await pilot.press("enter")
+    chart = pilot.app.screen.query_one(LayerHistoryChart)
+    await wait_for_screen(pilot, lambda: chart.drawn_at_size, what="the history at its size")
+    await pilot.pause(0.6)
 
 
-@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
-def test_help(snap_compare: Snap, size: tuple[int, int]) -> None:
-    async def open_help(pilot: Pilot) -> None:
-        await replay_to_end(pilot)
-        await pilot.press("question_mark")
-        await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, HelpScreen), what="help")
-        await pilot.pause(0.6)
-
-    assert snap_compare(replay_app(), terminal_size=size, run_before=open_help)
+async def open_help(pilot: Pilot) -> None:
+    await replay_to_end(pilot)
+    await pilot.press("question_mark")
+    await wait_for_screen(pilot, lambda: isinstance(pilot.app.screen, HelpScreen), what="help")
+    await pilot.pause(0.6)
 
 
 async def open_incidents(pilot: Pilot) -> IncidentScreen:
@@ -240,6 +234,33 @@ async def open_incidents(pilot: Pilot) -> IncidentScreen:
     return screen
 
 
+async def open_runbook(pilot: Pilot) -> None:
+    """Incident #1 (a loss spike, two runbook steps ticked) opened from the list: its fields,
+    checklist and timeline."""
+    screen = await open_incidents(pilot)
+    while screen.selected_number() != 1:
+        await pilot.press("down")
+    await pilot.press("enter")
+    checklist = screen.query_one(RunbookChecklist)
+    await wait_for_screen(pilot, lambda: checklist.option_count > 0, what="the checklist")
+    await pilot.pause(0.6)
+
+
+@pytest.mark.parametrize("size", ALL_SIZES.values(), ids=ALL_SIZES.keys())
+def test_event_detail(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(replay_app(), terminal_size=size, run_before=open_detail)
+
+
+@pytest.mark.parametrize("size", ALL_SIZES.values(), ids=ALL_SIZES.keys())
+def test_layer_panel(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(replay_app(), terminal_size=size, run_before=open_layers)
+
+
+@pytest.mark.parametrize("size", ALL_SIZES.values(), ids=ALL_SIZES.keys())
+def test_help(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(replay_app(), terminal_size=size, run_before=open_help)
+
+
 @pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
 def test_incident_list(snap_compare: Snap, knowledge_base: Path, size: tuple[int, int]) -> None:
     async def listed(pilot: Pilot) -> None:
@@ -249,19 +270,46 @@ def test_incident_list(snap_compare: Snap, knowledge_base: Path, size: tuple[int
     assert snap_compare(replay_app(kb_dir=knowledge_base), terminal_size=size, run_before=listed)
 
 
-@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+@pytest.mark.parametrize("size", ALL_SIZES.values(), ids=ALL_SIZES.keys())
 def test_incident_with_its_runbook(snap_compare: Snap, knowledge_base: Path, size: tuple[int, int]) -> None:
-    """Incident #1 (a loss spike, two runbook steps ticked): fields, checklist, timeline."""
+    assert snap_compare(replay_app(kb_dir=knowledge_base), terminal_size=size, run_before=open_runbook)
 
-    async def runbook(pilot: Pilot) -> None:
-        screen = await open_incidents(pilot)
-        while screen.selected_number() != 1:
-            await pilot.press("down")
-        checklist = screen.query_one(RunbookChecklist)
-        await wait_for_screen(pilot, lambda: checklist.option_count > 0, what="the checklist")
-        await pilot.pause(0.6)
 
-    assert snap_compare(replay_app(kb_dir=knowledge_base), terminal_size=size, run_before=runbook)
+def off_screen(screen: Screen[object]) -> list[str]:
+    """Widgets drawn past the terminal's edges: a box whose border or text the terminal cuts off.
+    Past an edge is fine only inside a container that scrolls that way (the user scrolls to it)."""
+    bounds = screen.region
+    found = []
+    for widget in screen.query("*"):
+        region = widget.region
+        if not region:
+            continue  # not shown
+        ancestors = [a for a in widget.ancestors if isinstance(a, Widget) and a is not screen]
+        if not any(a.allow_horizontal_scroll for a in ancestors) and (
+            region.x < bounds.x or region.right > bounds.right
+        ):
+            found.append(f"{widget!r} at {region}: beyond the width {bounds.width}")
+        if not any(a.allow_vertical_scroll for a in ancestors) and (
+            region.y < bounds.y or region.bottom > bounds.bottom
+        ):
+            found.append(f"{widget!r} at {region}: beyond the height {bounds.height}")
+    return found
+
+
+@pytest.mark.parametrize("size", SMALL_SIZES.values(), ids=SMALL_SIZES.keys())
+@pytest.mark.parametrize(
+    "opened", [open_help, open_detail, open_runbook, open_layers], ids=["help", "detail", "runbook", "layers"]
+)
+async def test_small_terminals_show_every_box_whole(
+    knowledge_base: Path, opened: Callable[[Pilot], Awaitable[object]], size: tuple[int, int]
+) -> None:
+    """What the snapshots show, checked without looking: at 80x24 and 100x30 every widget of the
+    screen lies within the terminal (a dialog of fixed width once lost its right border there)."""
+    app = replay_app(kb_dir=knowledge_base)
+    async with app.run_test(size=size) as pilot:
+        await opened(pilot)
+        assert app.screen.region.size == size
+        assert off_screen(app.screen) == []
 
 
 # ------------------------------------------------------------------------------------ the job view

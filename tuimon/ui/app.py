@@ -31,6 +31,7 @@ from textual.widgets import DataTable, Footer, Tab, Tabs
 from tuimon.sources.base import RankFocus, ReplayControls, Source
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
 from tuimon.store.layers import named_layers, statistic_for
+from tuimon.ui.compact import COMPACT, mark_compact
 from tuimon.ui.context import EventContext
 from tuimon.ui.dashboard.charts import MetricChart
 from tuimon.ui.dashboard.events import EventLog
@@ -104,6 +105,12 @@ class TuimonApp(App[None]):
     }
     .-compact #gpus, .-compact #invariants-panel {
         width: 1fr;
+    }
+    /* Every screen's footer. A compact footer gives each key a right margin, the command palette's
+       too: docked right, that key then stopped a column short of the edge, where the keys that
+       overflow behind it showed one character ("^p palettee"). */
+    Footer.-compact FooterKey.-command-palette {
+        margin-right: 0;
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -185,7 +192,7 @@ class TuimonApp(App[None]):
     @property
     def compact(self) -> bool:
         """True on a terminal too small for the four panels side by side (80x24 is the classic)."""
-        return self.screen_stack[0].has_class("-compact")
+        return self.screen_stack[0].has_class(COMPACT)
 
     def on_resize(self, event: events.Resize) -> None:
         self._lay_out(event.size)  # (the app's own size is updated after this handler)
@@ -193,11 +200,10 @@ class TuimonApp(App[None]):
     def _lay_out(self, size: Size) -> None:
         """Wide: the four panels at once. Compact: one panel at a time, the whole screen's, chosen
         on the tab bar (``v``, a click, or the key of what it shows: l/g/s/c, e)."""
-        compact = size.width < WIDE_LAYOUT[0] or size.height < WIDE_LAYOUT[1]
         dashboard = self.screen_stack[0]
-        if dashboard.has_class("-compact") != compact:
-            dashboard.set_class(compact, "-compact")
+        if mark_compact(dashboard, size, WIDE_LAYOUT):
             self.refresh_bindings()  # the footer offers v only in the compact layout
+        compact = self.compact
         shown = {name: not compact or name == self.view for name in VIEWS}
         for name, panel_id in _VIEW_PANELS.items():
             dashboard.query_one(f"#{panel_id}").display = shown[name]

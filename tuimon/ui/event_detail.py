@@ -9,13 +9,12 @@ from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from publisher.wire.event_kinds import EVENT_KINDS
 from tuimon.store import EventRecord
+from tuimon.ui.dialog import Dialog
 from tuimon.ui.format import duration, number, severity
 
 #: Metrics listed in the detail's context table, if the run has them.
@@ -65,24 +64,17 @@ def context_table(window: Mapping[str, tuple[list[int], list[float]]], step: int
     return lines
 
 
-class EventDetailScreen(ModalScreen[str | None]):
+class EventDetailScreen(Dialog[str | None]):
     """One event in full. ``window`` is :meth:`tuimon.store.Store.metric_window` around it;
     ``event_layers``: the layers it names that the run's layer samples hold (``h`` is then offered, and
     the screen is dismissed with ``"layers"`` for the opener to show them)."""
 
     DEFAULT_CSS = """
-    EventDetailScreen {
-        align: center middle;
-    }
-    EventDetailScreen > VerticalScroll {
-        width: 110;
-        height: auto;
-        max-height: 90%;
+    EventDetailScreen > .dialog-box {
         border: thick $accent;
-        background: $surface;
-        padding: 1 2;
     }
     """
+    WIDTH = 110
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Close"),
         Binding("q", "dismiss", "Close", show=False),
@@ -106,7 +98,7 @@ class EventDetailScreen(ModalScreen[str | None]):
         self._window = window
         self._started_ts = started_ts
 
-    def compose(self) -> ComposeResult:
+    def content(self) -> ComposeResult:
         event = self.event
         kind = EVENT_KINDS.get(event.kind)
         at = "" if event.step is None else f" at step {event.step:,}"
@@ -138,8 +130,7 @@ class EventDetailScreen(ModalScreen[str | None]):
                 Content.styled("Around this step", "bold $primary"),
                 *context_table(self._window, event.step),
             ]
-        with VerticalScroll():
-            yield Static(Content("\n").join(lines), id="event-detail")
+        yield Static(Content("\n").join(lines), id="event-detail")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return bool(self.event_layers) if action == "layers" else True

@@ -1,5 +1,9 @@
 """The `?` help screen: every key of the dashboard, generated from its bindings so it never goes
-stale, plus what the panels and symbols mean."""
+stale, plus what the panels and symbols mean.
+
+Keys and symbols sit in two columns; a description too long for the terminal wraps inside its
+own column, so the keys stay readable down the left at 80 columns as at 160.
+"""
 
 from __future__ import annotations
 
@@ -7,60 +11,84 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
+from textual.containers import Grid
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
-_LEGEND = """\
-[b]Symbols[/b]
-  ✖ CRIT  ▲ WARN  ● info        event severity (colour is only a second hint)
-  ✔ ok  ✖ VIOLATED  ○ unchecked   invariant status (tab: read one whole)
-  ● LIVE  ◌ STALE (no heartbeat for 3 s)  ■ ENDED   connection state
-  ◀ OUTLIER   a GPU far from the others;  ⚠ THROTTLE  a GPU slowed down (reason shown)
-  vertical lines on the chart mark the steps of events
+from tuimon.ui.dialog import Dialog
 
-[b]Status line[/b]
-  received    messages read (live frames or recording lines)
-  malformed   skipped as not valid tuimon protocol, with the last reason (and line, in a replay)
-  gaps        messages lost on the way, from missing sequence numbers
-  drops       messages the publisher never sent: its queue was full (from heartbeats)
-"""
+#: A help section: its title and its (key or symbol, what it means) entries.
+Section = tuple[str, list[tuple[str, str]]]
+
+_LEGEND: list[Section] = [
+    ("Symbols", [
+        ("✖ CRIT  ▲ WARN  ● info", "event severity (colour is only a second hint)"),
+        ("✔ ok  ✖ VIOLATED  ○ unchecked", "invariant status (tab: read one whole)"),
+        ("● LIVE  ◌ STALE  ■ ENDED", "connection state (STALE: no heartbeat for 3 s)"),
+        ("◀ OUTLIER", "a GPU far from the others"),
+        ("⚠ THROTTLE", "a GPU slowed down (reason shown)"),
+        ("│ on the chart", "vertical lines mark the steps of events"),
+    ]),
+    ("Status line", [
+        ("received", "messages read (live frames or recording lines)"),
+        ("malformed", "skipped as not valid tuimon protocol, with the last reason (and line, in a replay)"),
+        ("gaps", "messages lost on the way, from missing sequence numbers"),
+        ("drops", "messages the publisher never sent: its queue was full (from heartbeats)"),
+    ]),
+]
 
 
-class HelpScreen(ModalScreen[None]):
-    """Lists ``bindings`` (key, description); any of escape, q or ? closes it."""
+class HelpScreen(Dialog[None]):
+    """Lists ``sections`` of (key, description); any of escape, q or ? closes it."""
 
     DEFAULT_CSS = """
-    HelpScreen {
-        align: center middle;
+    HelpScreen .help-title {
+        text-style: bold;
+        color: $primary;
+        margin-bottom: 1;
     }
-    HelpScreen > VerticalScroll {
-        width: 92;
+    HelpScreen .help-section {
+        text-style: bold;
+    }
+    HelpScreen .help-entries {
         height: auto;
-        max-height: 90%;
-        border: thick $primary;
-        background: $surface;
-        padding: 1 2;
+        grid-size: 2;
+        grid-rows: auto;
+        grid-gutter: 0 1;
+        padding-left: 2;
+        margin-bottom: 1;
+    }
+    HelpScreen .help-key {
+        text-style: bold;
+        color: $accent;
     }
     """
+    WIDTH = 100
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Close"),
         Binding("q", "dismiss", "Close", show=False),
         Binding("question_mark", "dismiss", "Close", show=False),
     ]
 
-    def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
+    def __init__(self, sections: list[Section]) -> None:
         super().__init__()
         self._sections = sections
 
-    def compose(self) -> ComposeResult:
-        lines = [Content.styled("tuimon keys", "bold $primary"), Content("")]
-        for title, keys in self._sections:
-            lines.append(Content.styled(title, "bold"))
-            for key, description in keys:
-                lines.append(Content.assemble(("  " + key.ljust(14), "bold $accent"), description))
-            lines.append(Content(""))
-        lines.append(Content.from_markup(_LEGEND))
-        with VerticalScroll():
-            yield Static(Content("\n").join(lines), id="help-text")
+    def content(self) -> ComposeResult:
+        yield Static("tuimon keys", classes="help-title", markup=False)
+        yield from _entries(self._sections)
+        yield from _entries(_LEGEND)
+
+
+def _entries(sections: list[Section]) -> ComposeResult:
+    """Each section's title, then its entries in two columns as wide as its widest key (the
+    same width for every section given together, so that their descriptions line up)."""
+    widest = max((Content(key).cell_length for _, entries in sections for key, _ in entries), default=0)
+    for title, entries in sections:
+        yield Static(title, classes="help-section", markup=False)
+        grid = Grid(classes="help-entries")
+        grid.styles.grid_columns = f"{widest} 1fr"
+        with grid:
+            for key, description in entries:
+                yield Static(Content(key), classes="help-key")
+                yield Static(Content(description))

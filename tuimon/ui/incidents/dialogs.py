@@ -15,15 +15,14 @@ from typing import ClassVar, TypeVar
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from tuimon.errors import UserError
 from tuimon.kb import Incident, IncidentFilter
 from tuimon.kb.model import STATUSES, TEXT_FIELD_LABELS, TEXT_FIELDS, labels, parse_date
+from tuimon.ui.dialog import Dialog
 from tuimon.ui.incidents.format import outcome_label, status_label
 
 T = TypeVar("T")
@@ -45,21 +44,13 @@ DIALOG_KEYS = [
 ]
 
 
-class EntryDialog(ModalScreen[T]):
+class EntryDialog(Dialog[T]):
     """A centred box: a title, the keys, an error line (all three at the top, so that they stay in
     view when the fields scroll), then the fields; escape cancels."""
 
     DEFAULT_CSS = """
-    EntryDialog {
-        align: center middle;
-    }
-    EntryDialog > VerticalScroll {
-        width: 96;
-        height: auto;
-        max-height: 90%;
+    EntryDialog > .dialog-box {
         border: thick $accent;
-        background: $surface;
-        padding: 1 2;
     }
     EntryDialog .dialog-title {
         text-style: bold;
@@ -85,6 +76,8 @@ class EntryDialog(ModalScreen[T]):
         color: $foreground 60%;
     }
     """
+    WIDTH = 96
+    BOX_FOCUSABLE = False  # the first field gets the focus
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
     HINT = "enter: save · tab: next field · escape: cancel"
 
@@ -92,12 +85,11 @@ class EntryDialog(ModalScreen[T]):
         super().__init__()
         self.dialog_title = title
 
-    def compose(self) -> ComposeResult:
-        with VerticalScroll(can_focus=False):  # the first field gets the focus
-            yield Static(self.dialog_title, classes="dialog-title", markup=False)
-            yield Static(self.HINT, classes="dialog-hint", markup=False)
-            yield Static("", classes="dialog-error", markup=False)
-            yield from self.fields()
+    def content(self) -> ComposeResult:
+        yield Static(self.dialog_title, classes="dialog-title", markup=False)
+        yield Static(self.HINT, classes="dialog-hint", markup=False)
+        yield Static("", classes="dialog-error", markup=False)
+        yield from self.fields()
 
     def fields(self) -> ComposeResult:
         yield from ()

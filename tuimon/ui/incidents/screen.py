@@ -8,6 +8,11 @@ recorded. ``n`` opens an incident from that event with its evidence (metrics win
 reproduction record); ``a``/``t``/``r``/``s`` add a note, something tried with its outcome, a
 result, a status change.
 
+On a terminal narrower than the list and a readable incident side by side (80 or 100 columns),
+the screen is compact like the dashboard (:mod:`tuimon.ui.compact`): one side at a time, the
+whole width's, the one that has the focus (enter on the list opens the incident, escape goes
+back to the list). The banner goes with the list: the incident then has every row.
+
 Every SQLite call runs in a thread worker (reads on the link's reader, writes queued on its
 writer); the screen only draws what the workers post back. Another engineer's note shows up
 here without any key press: the link polls the database's change counter twice a second and the
@@ -21,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -37,6 +42,7 @@ from tuimon.kb import ContextRecord, Entry, Incident, IncidentDraft, IncidentFil
 from tuimon.kb.capture import DEFAULT_WINDOW
 from tuimon.kb.incidents import NO_FILTER
 from tuimon.kb.runbooks import RunbookProgress
+from tuimon.ui.compact import mark_compact
 from tuimon.ui.context import EventContext
 from tuimon.ui.format import severity
 from tuimon.ui.help import HelpScreen
@@ -66,6 +72,9 @@ SEARCH_LIMIT = 50
 EXPORT_DIR = "exports"
 #: Seconds during which a second ``n`` opens another incident for an event already recorded.
 CONFIRM_NEW_S = 5.0
+#: The smallest terminal (columns, rows) that shows the list and the incident side by side: the
+#: list's 64 columns and 52 to read the incident, its runbook and timeline in; any height.
+WIDE_LAYOUT = (116, 0)
 #: Actions that work on the highlighted incident.
 _ON_INCIDENT = frozenset({"note", "result", "tried", "status", "postmortem", "export", "attach"})
 _DIM = "$foreground 60%"
@@ -120,6 +129,16 @@ class IncidentScreen(Screen[None]):
     }
     IncidentScreen #kb-timeline:focus {
         border: round $accent;
+    }
+    IncidentScreen.-compact #kb-left {
+        width: 1fr;
+    }
+    IncidentScreen.-compact #kb-right, IncidentScreen.-compact.-reading #kb-left,
+    IncidentScreen.-compact.-reading #kb-banner {
+        display: none;
+    }
+    IncidentScreen.-compact.-reading #kb-right {
+        display: block;
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -220,6 +239,19 @@ class IncidentScreen(Screen[None]):
 
     def on_unmount(self) -> None:
         self.link.unsubscribe(self)
+
+    # ---------------------------------------------------------------------- small terminals
+
+    def on_resize(self, event: events.Resize) -> None:
+        mark_compact(self, event.size, WIDE_LAYOUT)
+
+    def on_screen_resume(self) -> None:
+        mark_compact(self, self.app.size, WIDE_LAYOUT)  # the terminal may have changed under a dialog
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """Note which side has the focus: the compact layout shows that one (the list, or the
+        incident once enter or tab went there)."""
+        self.set_class(self.query_one("#kb-right") in event.widget.ancestors, "-reading")
 
     # ----------------------------------------------------------------------------------- loading
 

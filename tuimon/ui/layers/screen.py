@@ -65,7 +65,7 @@ class LayerScreen(Screen[None]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]  # noqa: RUF012 (Textual declares it a list)
     DEFAULT_CSS = """
     LayerScreen #layers-header {
-        height: 1;
+        height: auto;  /* wraps rather than cut on a small terminal */
         background: $panel;
         padding: 0 1;
     }
