@@ -21,7 +21,7 @@ from tuimon.sources.replay import ReplaySource
 from tuimon.ui.app import TuimonApp
 from tuimon.ui.dashboard.events import EventLog
 from tuimon.ui.help import HelpScreen
-from tuimon.ui.incidents.dialogs import TriedDialog
+from tuimon.ui.incidents.dialogs import PostmortemDialog, TriedDialog
 from tuimon.ui.incidents.format import HIGHLIGHT_STYLE
 from tuimon.ui.incidents.incident_list import IncidentList
 from tuimon.ui.incidents.runbook_checklist import RunbookChecklist
@@ -397,6 +397,13 @@ async def test_a_small_terminal_shows_the_list_then_the_incident_each_on_the_who
         assert "Runbook: Loss spike" in str(checklist(app).border_title) and step_lines(app)
         await pilot.press("escape")  # back to the list
         assert shown() == {"kb-left": width}
+        await pilot.press("p")  # the longest dialog opens at its top: title, keys, first label
+        await wait_for_screen(pilot, lambda: isinstance(app.screen, PostmortemDialog), what="the dialog")
+        await pilot.pause(0.2)
+        box = app.screen.query_one(".dialog-box").region
+        for top in (".dialog-title", ".dialog-hint", "Label", "#pm-title"):
+            assert box.contains_region(app.screen.query(top).first().region), top
+        await pilot.press("escape")
         await pilot.resize_terminal(160, 48)  # wide enough: side by side again
         await pilot.pause(0.2)
         assert shown() == {"kb-left": 64, "kb-right": 96}

@@ -46,6 +46,12 @@ class Dialog(ModalScreen[T]):
         with box:
             yield from self.content()
 
+    def on_mount(self) -> None:
+        # Textual scrolls the focused field into view before the box has its final height: on a
+        # small terminal that hid the title, the keys and the field's own label above the top.
+        box = self.query_one(".dialog-box", VerticalScroll)
+        self.call_after_refresh(box.scroll_home, animate=False)
+
     def content(self) -> ComposeResult:
         """The widgets inside the box, top to bottom."""
         yield from ()
