@@ -17,7 +17,7 @@ ranks live:
   wait inside the all-reduce), so step time names nobody there; what differs is the time a rank
   spends outside the collectives. Each rank's median data wait is compared with the least
   waiting rank's (its input pipeline), then its median compute time (its own work up to its last
-  gradient, without the all-reduce wait: :mod:`publisher.collect.compute_time`) with the fastest
+  gradient, without the all-reduce wait: :mod:`publisher.readings.compute_time`) with the fastest
   rank's (its device or host), and its median step time with the fastest rank's (which tells
   where ranks do not wait for each other): the relative score ``fastest / mine`` of NVIDIA
   Resiliency Extension's straggler detection, threshold 0.75. A compute straggler must also be
