@@ -158,14 +158,14 @@ def _parse_entry(path: Path) -> RegistryEntry | None:
     record = data.get("record")
     started = data.get("started")
     machine = data.get("machine", data.get("host"))  # entries written before "machine" existed
-    fields_ok = (
+    if not (
         all(isinstance(data.get(name), str) for name in ("run", "host", "pub", "snapshot"))
         and all(type(data.get(name)) is int for name in ("rank", "pid"))
         and (record is None or isinstance(record, str))
         and isinstance(machine, str)
-        and type(started) in (int, float)
-    )
-    if not fields_ok:
+        and isinstance(started, int | float)
+        and not isinstance(started, bool)
+    ):
         return None
     return RegistryEntry(
         run=data["run"],

@@ -214,12 +214,12 @@ class Publisher:
                 self._refusals.append(sock.get_monitor_socket(HANDSHAKE_FAILURES))
         try:
             pub.bind(endpoint)
-            self._endpoint = pub.last_endpoint.decode()
+            self._endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
             router.bind(_snapshot_address(self._endpoint))
-            self._snapshot_endpoint = router.last_endpoint.decode()
+            self._snapshot_endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
             raise ValueError(
-                f"cannot publish on {endpoint!r}: {zmq.strerror(exc.errno)}; "
+                f"cannot publish on {endpoint!r}: {exc.strerror}; "
                 f"use an address such as {_ENDPOINT_EXAMPLES}"
             ) from None
         if beyond_loopback(self._endpoint) and insecure:
