@@ -88,7 +88,7 @@ class DuplicateBatches(Detector):
                     passes.previous, passes.previous_batches = passes.current, passes.batches
                 passes.epoch, passes.current, passes.seen = batch.epoch, [], OrderedDict()
                 passes.batches, passes.replaying = 0, True
-            passes.batches = batch.index + 1  # not every batch is fingerprinted
+            passes.batches = batch.position + 1  # not every batch is fingerprinted
             repeat = self._within_pass(passes, batch)
             if repeat is not None:
                 findings.append(self._repeat(step, batch, repeat))
@@ -105,7 +105,7 @@ class DuplicateBatches(Detector):
             return None
         first = passes.seen.get(batch.digest)
         if first is None:
-            passes.seen[batch.digest] = batch.index
+            passes.seen[batch.digest] = batch.position
             if len(passes.seen) > _REMEMBERED:
                 passes.seen.popitem(last=False)
         return first
@@ -129,12 +129,12 @@ class DuplicateBatches(Detector):
         workers = f", with {batch.workers} workers" if batch.workers > 1 else ""
         return Finding(
             "duplicate_batches",
-            f"batch {batch.index} of pass {batch.epoch} over a data loader{workers} is identical to batch "
+            f"batch {batch.position} of pass {batch.epoch} over a data loader{workers} is identical to batch "
             f"{first} of the same pass: the same data is coming twice ({where(step, self.rank)})",
             {
                 "test": "within a pass",
                 "epoch": batch.epoch,
-                "batch": batch.index,
+                "batch": batch.position,
                 "same_as_batch": first,
                 "workers": batch.workers,
                 "shuffled": batch.shuffled,

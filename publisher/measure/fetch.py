@@ -25,6 +25,9 @@ class HostValue:
 
     __slots__ = ("_event", "_host")
 
+    _host: torch.Tensor
+    _event: torch.cuda.Event | None  # None: already on the host
+
     def __init__(self, tensor: torch.Tensor) -> None:
         tensor = tensor.detach()
         if tensor.device.type == "cuda":

@@ -40,7 +40,7 @@ class BatchPrint(NamedTuple):
 
     loader: int  # which loader (stable for the loader's lifetime)
     epoch: int  # pass over the loader, from 0
-    index: int  # batch within the pass, from 0
+    position: int  # batch within the pass, from 0 (not `index`: a tuple has an index method)
     digest: int  # the fingerprint
     samples: int  # the batch's leading dimension
     values: int  # values in its first tensor (how much content the fingerprint stands for)
