@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.utils.hooks import RemovableHandle
 
 from publisher.measure.budget import Schedule
 from publisher.measure.check import Check
@@ -30,7 +31,7 @@ class RootDiscovery(Check):
         self.schedule = schedule
         self._owned = owned
         self._adopt = adopt
-        self._handle = None
+        self._handle: RemovableHandle | None = None  # the global hook, while armed
         self._known: set[int] = set()  # modules inside adopted roots, and modules rejected
         self._covered: set[int] = set()  # parameters of adopted roots
         self._fruitless = 0

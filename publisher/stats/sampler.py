@@ -270,7 +270,7 @@ class LayerSampler:
     def _describe(self, params: list[torch.Tensor]) -> tuple[list[str], list[tuple[int, ...]]]:
         catalog = self._catalog
         if catalog is None or catalog[0] != id(params):
-            labels = {}
+            labels: dict[int, str] = {}  # id(parameter) -> its place among the optimizers
             for o, optimizer in enumerate(self._optimizers):
                 for g, group in enumerate(optimizer.param_groups):
                     for n, p in enumerate(group["params"]):
