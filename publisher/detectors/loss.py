@@ -86,15 +86,16 @@ class NonFiniteLoss(Detector):
 class _LossWindow:
     """The last ``size`` normal losses with O(1) mean and spread, of the loss and of its log.
 
-    Running sums are kept so a step costs a few float operations (this runs on the training
-    thread). They drift with floating-point error, so they are recomputed from the values each
+    Running sums are kept so a step costs a few float operations (this runs for every step).
+    They drift with floating-point error, so they are recomputed from the values each
     time the window has been entirely replaced. ``nonpositive`` counts losses <= 0 in the window,
     for which the log statistics do not exist.
     """
 
-    __slots__ = ("_pushes", "log_sum", "log_sumsq", "nonpositive", "sum", "sumsq", "values")
+    __slots__ = ("_pushes", "log_sum", "log_sumsq", "nonpositive", "size", "sum", "sumsq", "values")
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self.values: deque[float] = deque(maxlen=size)
         self.clear()
 
@@ -105,7 +106,7 @@ class _LossWindow:
 
     def push(self, value: float) -> None:
         values = self.values
-        if len(values) == values.maxlen:  # the oldest value leaves the sums
+        if len(values) == self.size:  # the oldest value leaves the sums
             old = values[0]
             self.sum -= old
             self.sumsq -= old * old
@@ -125,7 +126,7 @@ class _LossWindow:
         else:
             self.nonpositive += 1
         self._pushes += 1
-        if self._pushes % values.maxlen == 0:
+        if self._pushes % self.size == 0:
             self._recompute()
 
     def _recompute(self) -> None:

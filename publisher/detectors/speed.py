@@ -81,6 +81,7 @@ class ThroughputDrop(Detector):
         self._unit = "steps_per_s"
         # The jump test: step times before the current streak, their median (refreshed every 10
         # steps), and the streak of steps over ``jump`` times it.
+        self.baseline = baseline
         self._usual: deque[float] = deque(maxlen=baseline)
         self._usual_median = 0.0
         self._streak: list[float] = []
@@ -170,7 +171,7 @@ class ThroughputDrop(Detector):
         streak = self._streak
         streak.append(cost)
         self._streak_s += metrics.get("step_time") or 0.0
-        if len(streak) >= usual.maxlen and self._streak_s >= 2 * self.jump_s:  # slow for long: the new normal
+        if len(streak) >= self.baseline and self._streak_s >= 2 * self.jump_s:  # slow for long: new normal
             usual.clear()
             usual.extend(streak)
             self._usual_median = statistics.median(usual)
