@@ -177,9 +177,9 @@ class InvariantChecker:
                 handle.remove()
             for check in watch.checks():
                 check.close()
-        for check in (self._train_mode, self._discovery):
-            if check is not None:
-                check.close()
+        for run_wide in (self._train_mode, self._discovery):
+            if run_wide is not None:
+                run_wide.close()
         self._pending.drain(wait=True)
         if self._replicas is not None:
             self._run(self._replicas, self._replicas.close)
@@ -434,8 +434,8 @@ class InvariantChecker:
         if not named:
             for watch in self._watches.values():
                 w = watch.watched
-                for i, p in enumerate(w.params):
-                    named.setdefault(id(p), (w.label(self._namer, i), p))
+                for i, param in enumerate(w.params):
+                    named.setdefault(id(param), (w.label(self._namer, i), param))
         return list(named.values())
 
     def _run(self, check: Check, method: Callable[..., None], *args: Any) -> None:

@@ -65,10 +65,11 @@ class ArrivalCheck(Check):
         if not self._waiting:
             return
         self.window_end = max(self.window_end, max(self._waiting.values()) + self._window)
-        dense = [i for i in self._waiting if params[i].grad is not None and not params[i].grad.is_sparse]
-        sparse = [i for i in self._waiting if params[i].grad is not None and params[i].grad.is_sparse]
-        norms = list(torch._foreach_norm([params[i].grad for i in dense], math.inf)) if dense else []
-        norms += [params[i].grad._values().abs().amax() if params[i].grad._nnz() else
+        grads = {i: grad for i in self._waiting if (grad := params[i].grad) is not None}
+        dense = [i for i, grad in grads.items() if not grad.is_sparse]
+        sparse = [i for i, grad in grads.items() if grad.is_sparse]
+        norms = list(torch._foreach_norm([grads[i] for i in dense], math.inf)) if dense else []
+        norms += [grads[i]._values().abs().amax() if grads[i]._nnz() else
                   torch.zeros((), device=params[i].device) for i in sparse]
         resolve = partial(self._resolve, index, step, dense + sparse)
         if norms:

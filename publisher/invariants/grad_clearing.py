@@ -19,7 +19,10 @@ until the window closes and is then read without a sync.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from publisher.invariants.config import InvariantConfig
 from publisher.invariants.core import PendingResults, StatusBoard, WatchedOptimizer
@@ -45,7 +48,7 @@ class ClearingCheck(Check):
         self._source = ("optimizer", watched.index)
         self._sentinel: torch.Tensor | None = None
         self._sentinel_name = ""
-        self._handle = None
+        self._handle: RemovableHandle | None = None  # the sentinel's hook, while a window is open
         self.armed = False
         self._backwards = 0
         self._cleared = False
@@ -59,15 +62,17 @@ class ClearingCheck(Check):
         """Called when a window is open or the next step is sampled."""
         if self.armed:
             self._close_window(step)
-        if self._sentinel is not None and self.schedule.due(index + 1):
-            self._open_window()
+        sentinel = self._sentinel
+        if sentinel is not None and self.schedule.due(index + 1):
+            self._open_window(sentinel)
         else:
             self._unhook()
 
     def after_step(self, index: int) -> None:
         """Called until a sentinel is chosen."""
-        if self._pick_sentinel() and self.schedule.due(index + 1):
-            self._open_window()
+        sentinel = self._pick_sentinel()
+        if sentinel is not None and self.schedule.due(index + 1):
+            self._open_window(sentinel)
 
     def close(self) -> None:
         self.armed = False
@@ -78,7 +83,7 @@ class ClearingCheck(Check):
             self._handle.remove()
             self._handle = None
 
-    def _pick_sentinel(self) -> bool:
+    def _pick_sentinel(self) -> torch.Tensor | None:
         watched = self._watched
         watched.refresh()
         candidates = [(p.numel(), i) for i, p in enumerate(watched.params)
@@ -87,31 +92,30 @@ class ClearingCheck(Check):
             candidates = [(p.numel(), i) for i, p in enumerate(watched.params)
                           if p.requires_grad and p.grad is not None]
         if not candidates:
-            return False
+            return None
         _, i = min(candidates)
         self._sentinel = watched.params[i]
         self._sentinel_name = watched.label(self._namer, i)
-        return True
+        return self._sentinel
 
-    def _open_window(self) -> None:
+    def _open_window(self, sentinel: torch.Tensor) -> None:
         # The hook is installed for the window only: outside, backward does not call into Python.
         if self._handle is None:
-            self._handle = self._sentinel.register_hook(self._on_gradient)
+            self._handle = sentinel.register_hook(partial(self._on_gradient, sentinel))
         self.armed = True
         self._backwards = 0
         self._cleared = False
         self._zero_tests = []
 
-    def _on_gradient(self, grad: torch.Tensor) -> None:
-        """Runs inside backward, before accumulation: ``.grad`` still holds what was there."""
+    def _on_gradient(self, sentinel: torch.Tensor, grad: torch.Tensor) -> None:
+        """Runs inside backward, before accumulation: ``sentinel.grad`` still holds what was there."""
         if not self.armed:
             return
         with self.meter:
-            self._look_at_old_gradient()
+            self._look_at_old_gradient(sentinel.grad)
 
-    def _look_at_old_gradient(self) -> None:
+    def _look_at_old_gradient(self, old: torch.Tensor | None) -> None:
         self._backwards += 1
-        old = self._sentinel.grad
         if old is None or self._cleared or (old.is_sparse and old._nnz() == 0):
             self._cleared = True
             return

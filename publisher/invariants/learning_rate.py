@@ -66,9 +66,10 @@ class ZeroLrCheck(Check):
                 self._zero_since[g] = None
                 continue
             zero_groups += 1
-            if self._zero_since[g] is None:
-                self._zero_since[g] = (index, step)
-            if index - self._zero_since[g][0] + 1 >= self._needed:
+            since = self._zero_since[g]
+            if since is None:
+                since = self._zero_since[g] = (index, step)
+            if index - since[0] + 1 >= self._needed:
                 stuck.append(g)
         all_zero = zero_groups == len(groups) and not any(self._was_positive)
         if any(self._zero_since[g] is not None and (self._was_positive[g] or all_zero) and g not in stuck

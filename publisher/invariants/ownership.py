@@ -50,7 +50,7 @@ class OwnershipCheck(Check):
         self._last_checked = index
         if not roots:
             return
-        owned = set()
+        owned: set[int] = set()  # ids of the parameters some optimizer steps
         for w in watched:
             w.refresh()
             owned.update(id(p) for p in w.params)

@@ -74,7 +74,7 @@ class ReplicaCheck(Check):
         self._width = 0
         self._compared: list[int] = []
         self._outbox: deque[tuple[int, HostValue]] = deque()
-        self._inflight: deque[tuple[int, object, list[torch.Tensor]]] = deque()
+        self._inflight: deque[tuple[int, dist.Work, list[torch.Tensor]]] = deque()
         self._stopped = False
 
     def why_unchecked(self) -> str | None:

@@ -160,8 +160,9 @@ class StepEffectCheck(Check):
         self._snapshot = snap
 
     def after_step(self) -> None:
-        """Called when :meth:`before_step` took a snapshot."""
+        """Called when :meth:`before_step` took a snapshot (the checker asks :attr:`has_snapshot`)."""
         snap, self._snapshot = self._snapshot, None
+        assert snap is not None, "after_step without a snapshot"
         params = self._watched.params
         snap.written = {i for i, p in enumerate(params) if p._version != snap.versions[i]}
         values = snap.values
@@ -185,12 +186,14 @@ class StepEffectCheck(Check):
     # ----------------------------------------------------------------- values
 
     def _take_values(self, params: list[torch.Tensor], indices: list[int]) -> _Values | None:
-        trained = [i for i in indices if params[i].requires_grad]
+        # Trained parameters are compared with their gradients (before_step picked ones that have one).
+        with_grad = {i: grad for i in indices
+                     if params[i].requires_grad and (grad := params[i].grad) is not None}
+        trained = list(with_grad)
         frozen = [i for i in indices if not params[i].requires_grad]
         rows: dict[int, torch.Tensor] = {}
         grad_samples = []
-        for i in list(trained):
-            grad = params[i].grad
+        for i, grad in with_grad.items():
             if not grad.is_sparse:
                 grad_samples.append(flat_sample(grad, sample_stride(grad.numel(), self._sampler.limit)))
             elif grad.sparse_dim() == 1:
@@ -238,9 +241,10 @@ class StepEffectCheck(Check):
     # ----------------------------------------------------------------- verdicts
 
     def _resolve(self, snap: _Snapshot, verdict: torch.Tensor | None) -> None:
+        """``verdict``: what the comparison of ``snap.values`` found (None when none were taken)."""
         moved: dict[int, bool] = {}
         promised: dict[int, bool] = {}
-        if snap.values is not None:
+        if snap.values is not None and verdict is not None:
             values = verdict.tolist()
             indices = snap.values.indices
             moved = {i: bool(m) for i, m in zip(indices, values, strict=False)}
