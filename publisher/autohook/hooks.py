@@ -58,6 +58,8 @@ ENV_GPU = "TUIMON_GPU"
 #: "1": the program repeats batches on purpose (an overfit-one-batch check).
 ENV_REPEATED_BATCHES = "TUIMON_REPEATED_BATCHES"
 
+#: The attribute set on torch once it is instrumented: a second install would wrap twice.
+_INSTRUMENTED = "_tuimon_instrumented"
 #: Losses kept between two training steps (their mean is the step's loss): ample for gradient
 #: accumulation, and a bound for programs that never step an optimizer.
 MAX_PENDING_LOSSES = 1024
@@ -87,14 +89,14 @@ class _Session:
         # the global hooks once per level, and only the outermost one is a training step.
         self.depth = 0
 
-    def start_monitor(self, optimizer: Any) -> None:
+    def start_monitor(self, optimizer: Any) -> Monitor:
         from publisher.monitor import Monitor
         from publisher.readings.identity import default_rank, endpoint_for
 
         # By the first optimizer step torch.distributed is initialised, so the rank is known.
         rank = default_rank()
         prefix = os.environ.get(ENV_RECORD)
-        self.monitor = Monitor(
+        monitor = self.monitor = Monitor(
             None,
             optimizer,
             run=os.environ.get(ENV_RUN) or None,
@@ -106,6 +108,7 @@ class _Session:
         )
         self.primary = optimizer
         self.optimizers.append(optimizer)
+        return monitor
 
     def before_optimizer_step(self, optimizer: Any) -> None:
         """The first outermost step starts the Monitor *before* the optimizer moves anything: its
@@ -124,19 +127,20 @@ class _Session:
         if self.failed:
             return
         try:
-            if self.monitor is None:
-                self.start_monitor(optimizer)
+            monitor = self.monitor
+            if monitor is None:
+                monitor = self.start_monitor(optimizer)
             elif optimizer not in self.optimizers:
                 self.optimizers.append(optimizer)
-                self.monitor.add_optimizer(optimizer)
+                monitor.add_optimizer(optimizer)
             if optimizer is not self.primary:
                 return
             loss = self._take_loss()
             samples, data_time = self.samples or None, self.data_time or None
             self.samples, self.data_time = 0, 0.0
             while self.batches:
-                self.monitor.note_batch(*self.batches.popleft())
-            self.monitor.step(loss, samples=samples, data_time=data_time)
+                monitor.note_batch(*self.batches.popleft())
+            monitor.step(loss, samples=samples, data_time=data_time)
         except Exception as exc:  # never break the user's training because of telemetry
             self.stop(exc)
 
@@ -151,11 +155,11 @@ class _Session:
 _session = _Session()
 
 
-def _instrument(torch: ModuleType) -> None:
+def _instrument(torch_module: ModuleType) -> None:
     """Install the hooks on an imported torch; safe to call twice."""
-    if getattr(torch, "_tuimon_instrumented", False):
+    if getattr(torch_module, _INSTRUMENTED, False):
         return
-    torch._tuimon_instrumented = True
+    setattr(torch_module, _INSTRUMENTED, True)  # by name: a module type declares no such attribute
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -175,7 +179,7 @@ def _instrument(torch: ModuleType) -> None:
 
     torch_calls.install()
 
-    original_backward = torch.Tensor.backward
+    original_backward = torch_module.Tensor.backward
 
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if self.numel() == 1:
@@ -183,7 +187,7 @@ def _instrument(torch: ModuleType) -> None:
         return original_backward(self, *args, **kwargs)
 
     backward.__doc__ = original_backward.__doc__
-    torch.Tensor.backward = backward
+    torch_module.Tensor.backward = backward
 
     from publisher.readings.batches import batch_size
 
@@ -201,7 +205,8 @@ def _instrument(torch: ModuleType) -> None:
         _session.batches.append((_passes_of(self, index), batch))
         return batch
 
-    _BaseDataLoaderIter.__next__ = next_batch
+    # Replacing the method is the point: every DataLoader iterator, whoever made it, is timed.
+    _BaseDataLoaderIter.__next__ = next_batch  # type: ignore[method-assign]
 
 
 def _passes_of(iterator: Any, index: int | None) -> LoaderPasses:

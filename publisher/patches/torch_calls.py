@@ -187,6 +187,8 @@ def _clip_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
             pass
         return result
 
+    # The mark install() reads so that a function is never wrapped twice; a function object takes
+    # any attribute, but the type functools.wraps returns declares none.
     clip._tuimon_wrapped = True  # type: ignore[attr-defined]
     return clip
 
@@ -237,7 +239,6 @@ def _cross_entropy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
                 pass
         return result
 
-    cross_entropy._tuimon_wrapped = True  # type: ignore[attr-defined]
     return cross_entropy
 
 
