@@ -20,16 +20,17 @@ from tuimon.sources.live import LiveSource
 from tuimon.sources.replay import ReplaySource
 from tuimon.store import EventRecord
 from tuimon.ui.app import TuimonApp
-from tuimon.ui.dashboard.charts import MetricChart, envelope
+from tuimon.ui.dashboard.charts import MetricChart
 from tuimon.ui.dashboard.events import EventLog
 from tuimon.ui.dashboard.gpu import GpuCard, GpuPanel
 from tuimon.ui.dashboard.header import RunHeader
 from tuimon.ui.dashboard.invariants import InvariantTable
-from tuimon.ui.dashboard.table import TablePanel
 from tuimon.ui.event_detail import EventDetailScreen
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.screen import IncidentScreen
 from tuimon.ui.layers.screen import LayerScreen
+from tuimon.ui.plot import envelope
+from tuimon.ui.table import TablePanel
 
 SIZE = (160, 48)
 

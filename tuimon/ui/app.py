@@ -39,7 +39,6 @@ from tuimon.ui.dashboard.gpu import GpuPanel
 from tuimon.ui.dashboard.header import RunHeader
 from tuimon.ui.dashboard.invariants import InvariantTable
 from tuimon.ui.dashboard.status import StatusLine
-from tuimon.ui.dashboard.table import TablePanel
 from tuimon.ui.event_detail import CONTEXT_STEPS, EventDetailScreen
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.screen import IncidentScreen, key_sections
@@ -49,6 +48,7 @@ from tuimon.ui.job.screen import key_section as job_key_section
 from tuimon.ui.layers.screen import LayerScreen
 from tuimon.ui.layers.screen import key_section as layer_key_section
 from tuimon.ui.services.kb_link import KbLink
+from tuimon.ui.table import TablePanel
 from tuimon.ui.themes import DEFAULT_THEME, THEME_ORDER, load_themes
 
 #: The smallest terminal (columns, rows) that shows the four panels at once; below it the dashboard

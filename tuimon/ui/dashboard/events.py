@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.content import Content
 
 from tuimon.store import EventRecord
-from tuimon.ui.dashboard.table import RowTable
 from tuimon.ui.format import severity
+from tuimon.ui.table import RowTable
 
 #: Rows the log keeps: the latest episodes (the store keeps more; detectors fold repeats, so this
 #: is reached only in a flood). Removing a row costs the DataTable a pass over all of them.

@@ -13,8 +13,8 @@ from textual.binding import BindingType
 from textual.content import Content
 
 from tuimon.store import InvariantRecord
-from tuimon.ui.dashboard.table import NAVIGATION, RowTable
 from tuimon.ui.format import labelled
+from tuimon.ui.table import NAVIGATION, RowTable
 
 _STATUS = {
     "ok": ("✔ ok", "$success"),

@@ -1,8 +1,8 @@
 """The loss across ranks: the median as a line over the band from the lowest to the highest rank.
 
 A band that widens while the median holds is ranks drifting apart (a replica diverging, one
-rank's data going bad) before the median shows it. Drawn with the metric chart's helpers
-(:mod:`tuimon.ui.dashboard.charts`): a min/max envelope per column, a log axis when a spike would
+rank's data going bad) before the median shows it. Drawn with the helpers every chart shares
+(:mod:`tuimon.ui.plot`): a min/max envelope per column, a log axis when a spike would
 flatten the rest. The band is a filled area and the median a line, so it reads by shape, not
 only colour.
 """
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from textual.color import Color
 from textual_plotext import PlotextPlot
 
-from tuimon.ui.dashboard.charts import envelope, set_y_axis, theme_rgb, wide_range
 from tuimon.ui.format import number
+from tuimon.ui.plot import envelope, set_y_axis, theme_rgb, wide_range
 
 #: (steps, low, median, high), as :attr:`tuimon.store.JobView.band`.
 Band = tuple[Sequence[int], Sequence[float], Sequence[float], Sequence[float]]

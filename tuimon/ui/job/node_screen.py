@@ -16,10 +16,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from tuimon.store import Cell, NodeView, Store
-from tuimon.ui.dashboard.table import RowTable
 from tuimon.ui.format import number
 from tuimon.ui.job.metrics import GRID_METRICS
 from tuimon.ui.job.problems import PROBLEM_LOOK, current_marks, job_problems
+from tuimon.ui.table import RowTable
 
 #: Redraws a second at most (node summaries come twice a second).
 REFRESH_HZ = 2.0

@@ -11,9 +11,9 @@ from collections import Counter
 
 from textual.content import Content
 
-from tuimon.ui.dashboard.table import RowTable
 from tuimon.ui.format import duration
 from tuimon.ui.job.problems import PROBLEM_KINDS, PROBLEM_LOOK, Problem
+from tuimon.ui.table import RowTable
 
 #: Rows listed at most (the newest): a flood of lost ranks says the same thing many times.
 MAX_ROWS = 200

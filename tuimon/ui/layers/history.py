@@ -1,6 +1,6 @@
 """One layer's history for the statistic shown: a plotext line over the samples' steps.
 
-Drawn with the metric chart's axis helpers (:mod:`tuimon.ui.dashboard.charts`), on a log axis for
+Drawn with the axis helpers every chart shares (:mod:`tuimon.ui.plot`), on a log axis for
 the statistics that span decades (gradient norm, update ratio, activation std), where a layer
 whose gradient fell by 1000x is a drop of three rows and not a line flat on zero.
 """
@@ -12,8 +12,8 @@ import math
 from textual_plotext import PlotextPlot
 
 from tuimon.store.layers import LayerMatrix
-from tuimon.ui.dashboard.charts import set_y_axis, theme_rgb
 from tuimon.ui.format import number
+from tuimon.ui.plot import set_y_axis, theme_rgb
 
 
 class LayerHistoryChart(PlotextPlot):

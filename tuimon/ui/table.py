@@ -1,8 +1,9 @@
-"""The DataTable the dashboard's tables share, and the bordered panel that shows its row in full.
+"""The DataTable the UI's row lists share (the dashboard's tables, the job view's node and problem
+lists), and the bordered panel that shows its row in full.
 
 DataTable's own left/right/home/end would swallow the replay's seek keys while a table has focus;
 a row list has no use for them (cells never scroll sideways far enough to matter), so they are
-left to the app.
+left to the screen.
 
 A table cell is one line cut at its column's width, and a message is the one thing a user needs
 whole: :class:`TablePanel` puts a wrapping *detail line* under the table with the highlighted
@@ -56,7 +57,7 @@ class RowTable(DataTable, inherit_bindings=False):
         return self.parent if isinstance(self.parent, TablePanel) else self
 
     def rows_changed(self) -> None:
-        """Call after adding or updating rows from outside the table (the app's timers).
+        """Call after adding or updating rows from outside the table (a screen's timers).
 
         A DataTable measures its auto-width columns when its own message queue goes idle; rows
         added from elsewhere leave that queue empty and untouched, and the columns kept the
