@@ -253,30 +253,15 @@ def chance_classes(loss: float, tolerance: float = 0.01, most: int = 1000) -> in
 class LossPlateau(Detector):
     """The loss is not decreasing: the run has not learned anything since it settled.
 
-    SageMaker's LossNotDecreasing rule (less than 0.1 % over 10 steps) fires on every converged
-    or noisy run. The question asked here is narrower, so the answer can be trusted:
-
-    - the first ``settle`` (10) steps do not count: the drop from a random initialisation to the
-      label prior is not learning (cross-entropy falls to about log(num_classes) even when the
-      labels are shuffled apart from the inputs);
-    - the mean of the next ``window`` (30) losses is the reference; once the mean of the last
-      ``window`` losses is ``min_progress`` (2 %) below it, the run is learning and the detector
-      stops for good: a later plateau is convergence, not a fault;
-    - otherwise, ``patience`` (90) steps after the reference, and every 10 steps from then on,
-      a least-squares line through the last ``window + patience`` losses must not slope down
-      significantly (t-statistic below ``-t``, 2): a run that learns slowly but surely is not
-      reported (DeepDiagnosis and AutoTrainer call this case "slow convergence"), a flat one is,
-      as a warning. Means and a trend test over 120 steps keep small noisy batches quiet (a
-      loss falling 3 % per 100 steps under 2 % batch noise is told from a flat one).
-
-    Steps with a learning rate of 0 or one still rising (warm-up, from 0 or not) do not count, so
-    a long warm-up is never mistaken for a plateau. The message says when the loss sits at
-    ``log(k)``, the chance level of a k-class classifier.
-
-    A plateau is news only when the loss is expected to fall. With more than one optimizer
-    (adversarial training: a GAN's generator and discriminator; several objectives stepped in
-    turn) the loss reported is one that no optimizer minimises alone, and its flat equilibrium is
-    the goal, not a fault: the detector stays quiet.
+    After ``settle`` (10) steps, the mean of the next ``window`` (30) losses is the reference; a
+    mean of the last ``window`` ``min_progress`` (2 %) below it means learning, and the detector
+    stops for good. Otherwise, ``patience`` (90) steps after the reference and every 10 steps
+    from then on, a least-squares line through the last ``window + patience`` losses that does
+    not slope down significantly (t-statistic not below ``-t``, 2) is a plateau, reported as a
+    warning that says when the loss sits at ``log(k)``, chance for k classes. Steps at lr 0 or
+    with a rising lr (warm-up) do not count; with more than one optimizer (a GAN) it stays quiet.
+    Why a trend over 120 steps, and not SageMaker's LossNotDecreasing rule: docs/detectors.md,
+    "``loss_plateau``".
     """
 
     quiet_to_close = 50
@@ -364,32 +349,16 @@ _WIDEST_BAND = 0.1
 class ChanceLoss(Detector):
     """A classification loss that sits at chance level while the gradients flow: nothing is learned.
 
-    A classifier that has learned nothing about its inputs predicts the label prior, and its
-    cross-entropy is the entropy of the labels (``log C`` for C balanced classes): labels shuffled
-    apart from their inputs, inputs that carry no signal, a target off by one all keep the loss
-    there while every other signal looks healthy. Karpathy's "A Recipe for Training Neural
-    Networks" (2019) makes the check by hand: the loss at initialisation is ``log C``, and it must
-    then leave it. The ``cross_entropy`` watch (:mod:`publisher.patches.torch_calls`) gives C from
-    the logits and the labels' entropy H (counted over the first calls), so chance is a number to
-    compare with. Fires when, over the last ``window`` (48) steps after ``settle`` (10):
-
-    - the mean loss (each clipped to ``FENCE`` robust deviations of the window's median, so that
-      one corrupted batch does not lift it) is in the chance band: no lower than H by more than
-      ``z`` (2.5) standard errors of that mean (or ``margin``, 0.5 %, of H; 10 % at most), no
-      higher than ``log C`` by more than ``tolerance`` (2 %). Between the two a model is at most
-      learning the prior, not the inputs;
-    - and it is not on its way out: the least-squares line through the window, carried
-      ``horizon`` (3) windows ahead, is still above the band's floor. A slow learner still at
-      chance but going down surely (the loss of a small learning rate) stays quiet;
-    - the gradients flow (``grad_norm`` above 0 when reported).
-
-    With H unknown (probability targets), the uniform prior ``log C`` stands for it. Steps with a
-    learning rate of 0 or a rising one (warm-up) do not count, nor does a run with more than one
-    optimizer. Measured on 108 runs stuck at chance and 234 learning ones (10, 3 and 100 classes;
-    SGD and Adam; batches of 32 and 128): stuck runs named at step 65 (median), 117 (90th
-    percentile), against ~140 for a plateau test that knows neither C nor H
-    (:class:`LossPlateau`); learners that leave chance only after ~100 steps (Adam at 1e-4, SGD
-    at 0.002) are sometimes named while they sit there.
+    A classifier that learned nothing about its inputs predicts the label prior: its cross-entropy
+    is the labels' entropy H (``log C`` for C balanced classes). Karpathy's "A Recipe for Training
+    Neural Networks" (2019) makes the check by hand: the loss at initialisation is ``log C``, and
+    it must then leave it. The ``cross_entropy`` watch (:mod:`publisher.patches.torch_calls`)
+    gives C and H. Fires when, over the last ``window`` (48) steps after ``settle`` (10), the mean
+    loss (clipped at ``FENCE``) is in the band from H less ``z`` (2.5) standard errors (or
+    ``margin``, 0.5 %, of H; 10 % at most) to ``log C`` plus ``tolerance`` (2 %), its trend
+    carried ``horizon`` (3) windows ahead stays in it, and the gradients flow. Steps at lr 0 or
+    warming up do not count, nor runs with more than one optimizer. Why each part, and what it
+    was measured on: docs/detectors.md, "``chance_loss``".
     """
 
     quiet_to_close = 50

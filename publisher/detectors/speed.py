@@ -36,31 +36,20 @@ def _rate(metrics: Metrics) -> tuple[str, float] | None:
 class ThroughputDrop(Detector):
     """Training got slower and stayed slower: a sudden jump of the step time, or a halved throughput.
 
-    Two tests, one kind of event:
-
     - **A jump** (``jump``: 3x): every one of the latest steps took at least ``jump`` times the
       median of the ``baseline`` steps before them, for at least ``jump_steps`` (5) steps and
-      ``jump_s`` (0.5 s): a forgotten per-step debug routine, a synchronous logger, a process that
-      took the CPU. It fires within about max(10 steps, 1 s) of the change: five slow steps of a
-      slow loop, half a second of a fast one (a millisecond loop losing the CPU for a few
-      milliseconds is not a jump). One long step (an evaluation, a checkpoint) breaks the streak:
-      that is :class:`StepTimeOutlier`'s business.
+      ``jump_s`` (0.5 s).
     - **A drop** (``ratio``: 0.5): the median throughput of the last ``window`` (20) steps against
-      the median of the ``baseline`` (100) steps before them; medians, so one slow step changes
-      neither; only when the slow window lasted ``min_duration_s`` (1 s). BLOOM lost 5 % to one
-      slow GPU unnoticed (BigScience BLOOM-176B training chronicles); a halving is what is worth an
-      alarm by default.
-
-    Both are judged once ``warmup`` (10) steps are past. After ``baseline`` slow steps the slow
-    level is the new normal and the episode ends.
-
-    Both judge the loop's *own* time: the share of time the training thread waited for a CPU
-    (``cpu_wait``, :mod:`publisher.readings.cpu_wait`) is taken out of the step time, so that
-    other processes taking the CPUs for a second or two (a shared machine, a compile next door)
-    is not a slowdown of the training's making. A third test names lasting contention itself:
-
+      that of the ``baseline`` (100) steps before them, the slow window lasting ``min_duration_s``
+      (1 s). BLOOM lost 5 % to one slow GPU unnoticed (BigScience BLOOM-176B training
+      chronicles); a halving is what is worth an alarm by default.
     - **Contention** (``contention``: 0.5): the training thread waited for a CPU at least half
       the time, in the median of the readings of the last ``contention_s`` (10 s).
+
+    Judged once ``warmup`` (10) steps are past, on the loop's *own* time: the share spent waiting
+    for a CPU (``cpu_wait``, :mod:`publisher.readings.cpu_wait`) is taken out of the step time.
+    After ``baseline`` slow steps the slow level is the new normal and the episode ends. Why these
+    tests and numbers, and what they were measured on: docs/detectors.md, "``throughput_drop``".
     """
 
     quiet_to_close = 20
