@@ -2,34 +2,18 @@
 
 Two invariants share one before/after look at an optimizer step:
 
-* ``optimizer_changes_params``: a parameter holding a gradient, with ``lr > 0``, changes. Catches
-  steps that return before updating, updates assigned to a local (``p = p - lr * g``), and (through
-  "no parameter holds a gradient") optimizers over tensors outside the graph or over frozen ones.
+* ``optimizer_changes_params``: a parameter holding a gradient, with ``lr > 0``, changes;
 * ``frozen_stay_frozen``: a parameter with ``requires_grad=False`` that the optimizer owns does not
-  change during ``step()`` (momentum or weight decay applied through stale zero gradients after
-  freezing). Only the step is watched, not the whole run: target networks updated by an EMA
-  outside the optimizer (MoCo, BYOL, DQN) are frozen *and* meant to move.
+  change during ``step()`` (only the step is watched: an EMA target moved outside the optimizer
+  is frozen *and* meant to move).
 
-How, cheaply: every in-place write bumps a tensor's version counter (``p._version``, a host-side
-integer), and torch's optimizers write every parameter that holds a gradient. So on a sampled step
-the pre- and post-hook read the versions: no tensor op, no device work. Values are compared only
-where versions cannot tell:
-
-* a parameter whose version did not move becomes a *suspect*; on the next step (asked for at once)
-  its values are compared: at most ``probe_elements`` elements (every k-th; for a sparse gradient
-  the rows it touches) copied before and compared after, together with the largest |gradient| on
-  the same elements, so a zero gradient sample makes no promise. Unchanged values on that second
-  check confirm the violation;
-* an optimizer that changes values without bumping versions (fused kernels such as
-  ``Adam(fused=True)``, parameters filled by a collective) is found out on its first suspicion and
-  has its values compared on every sampled step from then on;
-* frozen parameters holding a gradient tensor have their values compared (an optimizer may write
-  them without changing them); frozen ones without a gradient only when their version moved.
-
-Values compared on a sampled step cost one ``cat`` before and one after, an element-wise ``!=``,
-two ``scatter_reduce`` (any element moved, largest gradient, per parameter) and one small tensor
-read back (see :class:`~publisher.invariants.core.PendingResults`), whatever the parameter count.
-Steps given a closure (LBFGS) are skipped: they evaluate the model themselves and may reject a move.
+Every in-place write bumps a tensor's version counter (``p._version``), so the pre- and post-hook
+of a sampled step read the versions: no tensor op, no device work. Values are compared only where
+versions cannot tell: a parameter whose version did not move (a *suspect*, compared on the next
+step, at most ``probe_elements`` elements with their gradients), an optimizer that writes without
+bumping versions (fused kernels: compared from then on), frozen parameters holding a gradient.
+Steps given a closure (LBFGS) are skipped. The faults each invariant catches, how values are
+compared and what it costs: docs/detectors.md, "``optimizer_noop``, ``frozen_param_changed``".
 """
 
 from __future__ import annotations

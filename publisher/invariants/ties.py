@@ -3,76 +3,21 @@
 Weight tying makes two module attributes hold the *same* ``nn.Parameter``: a language model's output
 projection reuses its input embedding (``head.weight = embed.weight``; Press & Wolf, "Using the
 Output Embedding to Improve Language Models", https://arxiv.org/abs/1608.05859; Hugging Face's
-``PreTrainedModel.tie_weights``, https://huggingface.co/docs/transformers/main_classes/model). Such
-a parameter appears once in ``model.parameters()`` and under both names in
-``named_parameters(remove_duplicate=False)``. A tie that comes apart raises no error: the two halves
-train separately, the model has more free weights than designed and quietly trains worse. Two ways
-it happens, both caught here:
+``PreTrainedModel.tie_weights``, https://huggingface.co/docs/transformers/main_classes/model). A tie
+that comes apart raises no error: the two halves train separately and the model quietly trains
+worse. Two ways it happens, both caught here:
 
-1. **A tie that breaks during training.** Names that were one tensor when first seen now resolve to
-   different tensors: one side re-created with ``nn.Parameter(...)`` or its module replaced, a
-   ``load_state_dict(..., assign=True)`` (which puts the checkpoint's tensors in place of the
-   parameters instead of copying into them, https://pytorch.org/docs/stable/generated/torch.nn.Module.html
-   #torch.nn.Module.load_state_dict), embeddings resized without re-tying. Found by identity, with no
-   tensor work at all: each tied name is looked up through its module path on every check.
-2. **A tie lost before training started.** A model built on the meta device
-   (https://pytorch.org/docs/stable/meta.html) and loaded with ``load_state_dict(state, assign=True)``
-   from a checkpoint that holds the tied tensors as separate copies (a cloned state dict; formats that
-   cannot store shared tensors, https://huggingface.co/docs/safetensors/torch_shared_tensors) gets two
-   parameters with the same values where the design had one. No identity was ever seen, so it is
-   recognised by values and structure: a *designed-tied* pair is two parameters that
+1. a tie that breaks during training: names that were one tensor now resolve to two (a side
+   re-created, ``load_state_dict(..., assign=True)``). Found by identity: one module-path lookup
+   per tied name on each check, no tensor work;
+2. a tie lost before training started (a meta-device model loaded with ``assign=True`` from a
+   checkpoint holding separate copies). Found by values and structure: a *designed-tied* pair is
+   two trained floating-point matrices of one shape, bit-identical but not constant when first
+   seen, in modules of different kinds (an ``nn.Embedding`` and an ``nn.Linear``).
 
-   * are both trained: owned by a watched optimizer and ``requires_grad`` (an EMA or target network
-     copied from the online one is not trained by an optimizer: quiet);
-   * are floating-point matrices (2-D or more) of the same shape, dtype and device (ties join weight
-     matrices; vectors such as biases, norm scales or frequencies are often initialised
-     deterministically and alike);
-   * are bit-identical when first seen, before the first optimizer step the checker watches (full
-     equality, once), and not a constant pattern: a strided sample with at most two distinct values
-     (zeros, ones, any all-equal fill, identity, 0/1 masks) is an initialisation, not a tie;
-   * sit in modules of different kinds (no class of the modules holding one is a class, subclass or
-     base of those holding the other), such as ``nn.Embedding`` and ``nn.Linear``, which is how a
-     tied input embedding and output projection look. A module initialised as a copy of another of
-     the same kind (``layer2.load_state_dict(layer1.state_dict())``, ``copy.deepcopy``, a subclass
-     such as MultiheadAttention's ``NonDynamicallyQuantizableLinear`` loaded from a ``Linear``) is a
-     warm start, trained on its own on purpose: quiet.
-
-   Names never decide: hints (embed/wte/lm_head/decoder/output/vocab/tok...) and embedding modules
-   only put likely pairs first (which matters past ``_MAX_PAIRS``) and word the message ("an input
-   embedding and an output projection"). The pair is reported as soon as the two differ after a
-   training step, i.e. at the first or second checked step.
-
-   With no model given, the modules may be found only after the first step: in zero-code mode
-   ``tuimon run`` builds the Monitor inside the first ``step()``, before it moves anything, after
-   that step's forward, so the model is found at the second forward. Then the first pre-step hook
-   compares the watched optimizers' trained matrices by value alone (same shape, dtype and device,
-   bit-identical, not constant; the rarest shapes first, as no name or module is known, at most
-   ``_MAX_PAIRS``) and keeps the pairs that match; once the modules are found, the kind test above
-   sorts them, and a pair that passes is reported at the first check after that if the two differ
-   by then (in zero-code mode: at step 2), or later when they do.
-
-   Not caught: tied pairs of the *same* module kind lost at load time (an encoder's and a decoder's
-   ``nn.Embedding``), which look exactly like a warm start; any pair whose first watched optimizer
-   step has already moved it when the checker first sees its values: a Monitor built mid-run, or an
-   optimizer that joins a zero-code run (``tuimon run`` adds optimizers other than the first after
-   their first ``step()``); and, with no model known at the first step, a pair whose shape so many
-   other matrices share that it falls past ``_MAX_PAIRS``. Ties that break later are caught in
-   every mode. A deliberate copy across kinds (an output layer initialised from the embedding and
-   meant to train apart) is reported: disable ``ties_hold`` for such a model.
-
-When and what it costs: the module tree is walked (Python only) when a root is adopted and once
-more at the first optimizer pre-step hook after it (or after an optimizer is added); that pre-step
-hook also compares the candidate pairs (at most ``_MAX_PAIRS``; with no module known yet, same-shape
-pairs of the optimizers' parameters), in full, once (two parameters both compared at an earlier
-start are not compared again): on an accelerator on the device (``!=`` in chunks of ``2**24``
-elements, read back later), on the CPU with ``torch.equal`` where a strided sample already matches
-(~50 ms for GPT-2's 50257x768 embedding). Pairs kept by value alone are matched to their modules
-when a root is adopted (Python only). Then, on the checker's schedule (every step for the first
-``dense_steps``, then every ``check_every`` steps as the budget stretches it), from the optimizer
-post-step hooks: one module-path lookup per tied name, and for each designed-tied pair still
-identical one ``!=`` on ``probe_elements`` strided elements; the verdicts are one small tensor read
-back through :class:`~publisher.invariants.core.PendingResults` (no host-device synchronisation). No
-hook of its own, nothing when there is nothing to check.
+Which pairs count and why, what is not caught, what it was measured on and what it costs (one
+full comparison of the candidate pairs at the start, then ``probe_elements`` per pair on checked
+steps, read back without a sync): docs/detectors.md, "``tie_broken``".
 """
 
 from __future__ import annotations
