@@ -5,33 +5,12 @@ each Trainer accepts only callbacks derived from its own ``Callback`` class. The
 once here, without importing either; :mod:`publisher.integrations.lightning` and
 :mod:`publisher.integrations.pytorch_lightning` each put them on their package's ``Callback``.
 
-What each step reports, and where it comes from (Lightning's callback hooks:
-https://lightning.ai/docs/pytorch/stable/extensions/callbacks.html):
-
-- **the Monitor** starts at ``on_train_start`` (the strategy has set up the optimizers and wrapped
-  the model) with ``trainer.global_rank`` and ``trainer.world_size``, the module's ``hparams`` as
-  its config, ``trainer.optimizers[0]`` as the primary optimizer and the others added (a GAN in
-  manual optimization). It closes at ``on_train_end``, or at ``on_exception`` with the exception
-  (``run_end`` then says failed or interrupted);
-- **the step**: ``trainer.global_step``, Lightning's count of optimizer steps, read at
-  ``on_train_batch_end``: a batch after which it moved ends a step. With
-  ``accumulate_grad_batches`` that is every k-th batch; in manual optimization every optimizer's
-  step counts (two optimizers: two a batch). Gradients are still there: automatic optimization
-  clears them only before the next backward; a manual ``training_step`` that calls
-  ``zero_grad()`` after ``step()`` leaves the Monitor's gradient norm and layer samples nothing to
-  read;
-- **loss**: what ``training_step`` returned (``outputs``, detached, on its device: no
-  synchronisation). In automatic optimization Lightning has divided it by
-  ``accumulate_grad_batches``, so a step's loss is the sum over its batches, i.e. their mean loss;
-  in manual optimization the mean of the losses returned since the previous step (a
-  ``training_step`` that returns nothing reports no loss);
-- **lr** and **grad_norm**: the Monitor's, from the primary optimizer and the gradients it used
-  (after any ``gradient_clip_val`` clipping);
-- **samples**: the leading dimension of each batch's first tensor.
-
-Validation and the sanity check run in ``eval()`` mode without gradients and outside
-``on_train_batch_end``; their time lands in the next step's ``step_time`` (a pause to the speed
-detectors).
+The Monitor starts at ``on_train_start`` (optimizers set up, model wrapped) and closes at
+``on_train_end`` or ``on_exception``. A step ends with a batch after which ``trainer.global_step``
+moved (every k-th batch with ``accumulate_grad_batches``; every optimizer's step in manual
+optimization); its loss is what ``training_step`` returned (left on its device), summed over the
+step's batches in automatic optimization (Lightning divided each by k), averaged in manual. Where
+each number comes from: docs/integrations.md, "Lightning".
 """
 
 from __future__ import annotations

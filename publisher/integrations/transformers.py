@@ -7,40 +7,14 @@
 
 The callback takes the Monitor's keyword arguments; everything a Monitor does (detectors,
 invariants, layer samples, GPU readings, recording) is the Monitor's. The Monitor starts at
-``on_train_begin`` (the Trainer has built and wrapped the optimizer by then) with the rank and world
-size of the Trainer's arguments (``args.process_index``, ``args.world_size``) and closes at
-``on_train_end``. The Trainer reports no exception to its callbacks: a training that raises is
-closed as failed when the interpreter exits (the Monitor's own rule), or when the next
-``train()`` of the same callback begins.
-
-What each step reports, and where it comes from (the Trainer's callback events:
-https://huggingface.co/docs/transformers/main_classes/callback):
-
-- **the step**: ``on_optimizer_step`` (transformers 4.42+), after ``optimizer.step()`` and before the
-  gradients are cleared, as ``Monitor.step`` wants it: one step per optimizer step whatever
-  ``gradient_accumulation_steps``, numbered as ``state.global_step`` is after it;
-- **loss**: the Trainer hands callbacks no loss, and logs one only every ``logging_steps``. A
-  forward hook on the model reads the loss each training forward returns (``outputs.loss``,
-  detached, left on its device: no synchronisation) and combines a step's micro-batches the way
-  the Trainer adds them up for its logged loss: their sum when the Trainer passed
-  ``num_items_in_batch`` (each loss is then normalised by the tokens of the whole accumulated
-  batch, times the world size with ``average_tokens_across_devices``), else their mean. The
-  Trainer's logged ``loss`` is the mean of these over its logging window (equal at
-  ``logging_steps=1``). Approximate where the Trainer computes its own loss from the outputs
-  (label smoothing, ``compute_loss_func``, a subclass's ``compute_loss``): the model's loss, or none
-  when the model was given no labels;
-- **lr**: read by the Monitor from the optimizer at the step: the ``learning_rate`` the Trainer logs
-  (its scheduler steps afterwards);
-- **grad_norm**: the Monitor's, on the gradients the optimizer used, i.e. after the Trainer's
-  clipping (``max_grad_norm``, 1.0 by default), as for a hand-written loop that clips; the Trainer
-  logs the norm before clipping, and its logs arrive only after the gradients are cleared
-  (``on_log`` follows ``on_step_end``);
-- **samples, tokens**: the shape of each training forward's ``input_ids``.
-
-Evaluation: its forwards run in ``eval()`` mode without gradients, so they are not training
-micro-batches; the invariants ignore them too. Its time lands in the next step's ``step_time``,
-which the speed detectors take for a pause (``step_time_outlier``, info). Not measured: the wait
-for data and batch fingerprints (the Trainer fetches a step's batches ahead, out of sight).
+``on_train_begin`` with the Trainer's rank and world size and closes at ``on_train_end`` (a
+training that raises is closed as failed at exit, or when the next ``train()`` begins). A step is
+``on_optimizer_step`` (transformers 4.42+); the Trainer hands callbacks no loss, so a forward hook
+reads ``outputs.loss`` of each training forward (left on its device) and combines a step's
+micro-batches as the Trainer adds them up for its logged loss; samples and tokens come from
+``input_ids``. Evaluation forwards (``eval()``, no gradients) are not training micro-batches.
+Where each number comes from, and how it compares with the Trainer's logs: docs/integrations.md,
+"Hugging Face ``transformers.Trainer``".
 """
 
 from __future__ import annotations
