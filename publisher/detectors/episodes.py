@@ -70,7 +70,7 @@ class EpisodeTracker:
         """Record one observation of ``owner`` and the findings it produced (maybe none)."""
         episodes = self._open.get(id(owner))
         if not findings and not episodes:
-            return  # the common case, on the training thread: nothing open, nothing new
+            return  # the common case, every step on the step worker: nothing open, nothing new
         if episodes is None:
             episodes = self._open[id(owner)] = {}
         seen = set()
