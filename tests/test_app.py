@@ -156,7 +156,7 @@ async def test_selecting_an_event_shows_its_details(recording: Path) -> None:
         await pilot.press("escape")
         assert not isinstance(app.screen, EventDetailScreen)
         app.query_one(EventLog).move_cursor(row=1)
-        app.action_event_details()
+        app.dashboard.action_event_details()
         await pilot.pause()
         assert app.screen.event.id == "0-2" and "loss is nan at step 200" in text(app.screen, "#event-detail")
 
@@ -218,7 +218,7 @@ async def test_event_context_for_other_screens(recording: Path) -> None:
     async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
         await played_to_end(app, pilot)
         app.query_one(EventLog).move_cursor(row=0)
-        context = app.event_context(before=3, after=3)
+        context = app.dashboard.event_context(before=3, after=3)
         assert context.run == "synthetic" and context.event.kind == "loss_spike"
         assert context.window["loss"][0] == [117, 118, 119, 120, 121, 122, 123]
         assert context.window["loss"][1][3] == 50.0
@@ -268,7 +268,7 @@ async def test_run_key_switches_between_runs(tmp_path: Path) -> None:
         await wait_for_screen(pilot, lambda: "step 79" in text(app, "#header"), what="beta shown first")
         await pilot.press("r")
         await wait_for_screen(pilot, lambda: "alpha" in text(app, "#header"), what="alpha")
-        assert "step 49" in text(app, "#header") and app.run_name == "alpha"
+        assert "step 49" in text(app, "#header") and app.dashboard.run_name == "alpha"
         await pilot.press("r")
         await wait_for_screen(pilot, lambda: "beta" in text(app, "#header"), what="beta again")
 

@@ -167,15 +167,15 @@ async def test_arrows_and_enter_open_a_node_then_a_rank_on_the_dashboard() -> No
         assert rows[5][:7] == ["517", "5", "▲ SLOW", "23", "420 ms", "170 ms", "201 ms"]
         assert all(row[2] == "" for i, row in enumerate(rows) if i != 5), "only the straggler has a problem"
         await pilot.press(*["down"] * 5, "enter")
-        await wait_for_screen(pilot, lambda: app.screen is app.screen_stack[0], what="the dashboard")
-        assert app.focus_rank == 517 and source.focused == [(JOB_RUN, 517)]
+        await wait_for_screen(pilot, lambda: app.screen is app.dashboard, what="the dashboard")
+        assert app.dashboard.focus_rank == 517 and source.focused == [(JOB_RUN, 517)]
         header = lambda: str(app.query_one(RunHeader).visual)  # noqa: E731
         await wait_for_screen(pilot, lambda: "◎ rank 517" in header(), what="the rank in the header")
         chart = lambda: app.query_one(PlotextPlot).render().plain  # noqa: E731
         await wait_for_screen(pilot, lambda: "loss of rank 517  last 7.59" in chart(), what="rank 517's loss")
         await pilot.press("escape")  # back to all ranks: the lowest one's series again
         await wait_for_screen(pilot, lambda: "loss  last 1.09" in chart(), what="rank 0's loss")
-        assert app.focus_rank is None and "◎" not in header()
+        assert app.dashboard.focus_rank is None and "◎" not in header()
 
 
 async def test_escape_and_j_go_back_and_the_job_view_opens_by_itself_only_once() -> None:
@@ -186,17 +186,17 @@ async def test_escape_and_j_go_back_and_the_job_view_opens_by_itself_only_once()
         await pilot.press("escape")
         await wait_for_screen(pilot, lambda: isinstance(app.screen, JobScreen), what="the grid again")
         await pilot.press("escape")
-        await wait_for_screen(pilot, lambda: app.screen is app.screen_stack[0], what="the dashboard")
+        await wait_for_screen(pilot, lambda: app.screen is app.dashboard, what="the dashboard")
         footer = {key for key, b in app.screen.active_bindings.items() if b.binding.show}
         assert "j" in footer and "escape" not in footer, "j offered; no rank to unfocus"
         await pilot.pause(1.0)
-        assert app.screen is app.screen_stack[0], "not opened again by itself"
+        assert app.screen is app.dashboard, "not opened again by itself"
         await pilot.press("j")
         await wait_for_screen(pilot, lambda: isinstance(app.screen, JobScreen), what="j: the job view")
         grid = app.screen.query_one(JobGrid)
         assert grid.cursor == 1 and grid.metric.key == "mem", "cursor and figure kept"
         await pilot.press("j")
-        await wait_for_screen(pilot, lambda: app.screen is app.screen_stack[0], what="j: the dashboard")
+        await wait_for_screen(pilot, lambda: app.screen is app.dashboard, what="j: the dashboard")
         await pilot.press("question_mark")
         help_text = "\n".join(str(static.visual) for static in app.screen.query(Static))
         assert isinstance(app.screen, HelpScreen) and "Job view" in help_text and "▲ ❚ ✖" in help_text

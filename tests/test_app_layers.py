@@ -83,8 +83,12 @@ def test_events_name_their_layers_in_the_order_they_give() -> None:
 
 
 async def played(app: TuimonApp, pilot: Pilot) -> None:
-    await wait_for_screen(pilot, lambda: app.run_name is not None and app.store.run_view(app.run_name)
-                          is not None and app.store.run_view(app.run_name).health == "ended", what="the end")
+    def ended() -> bool:
+        run = app.dashboard.run_name
+        view = app.store.run_view(run) if run is not None else None
+        return view is not None and view.health == "ended"
+
+    await wait_for_screen(pilot, ended, what="the end")
     await pilot.pause(0.3)
 
 
@@ -94,7 +98,7 @@ async def select_event(app: TuimonApp, pilot: Pilot, kind: str) -> None:
     for row in range(log.row_count):
         log.move_cursor(row=row)
         await pilot.pause(0.02)
-        if (event := app.selected_event()) is not None and event.kind == kind:
+        if (event := app.dashboard.selected_event()) is not None and event.kind == kind:
             return
     raise AssertionError(f"no {kind} event in the log")
 
@@ -131,7 +135,7 @@ async def test_dead_relus_event_opens_the_heatmap_on_its_layers(recordings: dict
         chart = screen.query_one(LayerHistoryChart)
         await wait_for_screen(pilot, lambda: chart.display and str(chart.border_title).startswith(
             "1: dead fraction"), what="the history")
-        steps, values = app.store.layer_matrix(app.run_name or "", "dead_frac").history("1")
+        steps, values = app.store.layer_matrix(app.dashboard.run_name or "", "dead_frac").history("1")
         assert max(values) > 0.8 and values[0] < 0.5 and steps == sorted(steps)
         await pilot.press("m")
         assert screen.statistic == "nonfinite" and "NaN/Inf" in str(heatmap.border_title)

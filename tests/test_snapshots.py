@@ -116,9 +116,9 @@ def knowledge_base(fixed_paths: None, utc: None, tmp_path: Path) -> Path:
 
 def chart_drawn(app: TuimonApp) -> bool:
     """The chart shows the store's latest data (it redraws on its own, slower timer)."""
-    if app.run_name is None:
+    if app.dashboard.run_name is None:
         return False
-    versions = app.store.versions(app.run_name)
+    versions = app.store.versions(app.dashboard.run_name)
     return app.query_one(MetricChart).drawn_version == (versions["metrics"], versions["events"])
 
 

@@ -1,7 +1,7 @@
 """What a screen pushed from the dashboard gets to know: the selected event and its surroundings.
 
 The incident screens and the event detail read the run through this value rather than through the
-app, so they never import the app (no cycle between the dashboard and the screens it opens).
+dashboard, so they never import it (no cycle between the dashboard and the screens it opens).
 """
 
 from __future__ import annotations

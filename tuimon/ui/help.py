@@ -7,6 +7,7 @@ own column, so the keys stay readable down the left at 80 columns as at 160.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -19,6 +20,16 @@ from tuimon.ui.dialog import Dialog
 
 #: A help section: its title and its (key or symbol, what it means) entries.
 Section = tuple[str, list[tuple[str, str]]]
+
+
+def binding_entries(
+    bindings: Iterable[BindingType], display: Callable[[Binding], str]
+) -> list[tuple[str, str]]:
+    """``bindings`` as the help lists them: each key written as the footer writes it (``display``:
+    the app's ``get_key_display``), then what it does in a sentence, else its footer label."""
+    return [(display(binding), binding.tooltip or binding.description)
+            for binding in bindings if isinstance(binding, Binding)]
+
 
 _LEGEND: list[Section] = [
     ("Symbols", [

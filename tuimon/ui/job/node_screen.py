@@ -2,7 +2,7 @@
 
 Opened from the job grid's cursor. It reads the store on its own timer and updates its rows in
 place when the node's summary changed, so the cursor stays on the row the user is reading.
-Dismissed with the chosen rank (the app then shows that rank's own series) or None (back).
+Dismissed with the chosen rank (the dashboard then shows that rank's own series) or None (back).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ down to one node and one rank.
 
 Like the dashboard, it reads the store on timers and redraws a panel only when what it shows
 moved: node summaries (``versions(run)["nodes"]``), events (``["events"]``), relays (the source
-version), and for the band chart at most :data:`CHART_HZ`. It never imports the app: it gets the
-store and the run, and is dismissed with the rank the user picked (or None).
+version), and for the band chart at most :data:`CHART_HZ`. It never imports the dashboard that
+opens it: it gets the store and the run, and is dismissed with the rank the user picked (or None).
 """
 
 from __future__ import annotations

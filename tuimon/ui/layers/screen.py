@@ -4,7 +4,8 @@ the history of the layer under the cursor.
 Opened from the dashboard (``h``) or from an event's details, in which case the layers the event
 names are marked and the statistic is the one that shows that kind of event (a dead-activation
 event opens on the dead fraction). Like the other screens it reads the store on a timer and
-redraws when the run's layer samples moved (``versions(run)["layers"]``); it never imports the app.
+redraws when the run's layer samples moved (``versions(run)["layers"]``); it never imports the
+dashboard that opens it.
 """
 
 from __future__ import annotations
