@@ -162,9 +162,9 @@ class MetricChart(Vertical):
             set_y_axis(plt, min(ys), max(ys), logarithmic=logarithmic, height=plot.size.height)
             plt.plot(xs, ys, marker="braille", color=theme_rgb(self, "primary"))
             first, last = steps[0], steps[-1]
-            marked = [e for e in events if e.step is not None and first <= e.step <= last]
-            for event in marked:
-                plt.vline(event.step, theme_rgb(self, _EVENT_COLORS.get(event.severity, "secondary")))
+            marked = [(e.step, e.severity) for e in events if e.step is not None and first <= e.step <= last]
+            for step, severity in marked:
+                plt.vline(step, theme_rgb(self, _EVENT_COLORS.get(severity, "secondary")))
             if marked:
                 title += f"   │ = event ({len(marked)})"
         plt.title(title)

@@ -206,12 +206,12 @@ class GpuPanel(VerticalScroll):
         hidden = devices[MAX_CARDS:]
         devices = devices[:MAX_CARDS]
         wanted = {f"gpu-{d.rank}-{d.index}" for d in devices}
-        cards = {}
-        for card in self.query(GpuCard):
-            if card.id in wanted:
-                cards[card.id] = card
+        cards: dict[str, GpuCard] = {}
+        for existing in self.query(GpuCard):
+            if existing.id is not None and existing.id in wanted:
+                cards[existing.id] = existing
             else:
-                card.remove()
+                existing.remove()
         show_rank = len({d.rank for d in devices}) > 1
         names = {_name(d) for d in devices}
         show_name = len(names) > 1
@@ -220,7 +220,7 @@ class GpuPanel(VerticalScroll):
             flagged = sum((d.rank, d.index) in outliers or bool(d.latest.get("throttle")) for d in hidden)
             subtitle = f"{subtitle}  +{len(hidden)} more GPUs" + (f", {flagged} flagged" if flagged else "")
         self.border_subtitle = subtitle
-        new_cards = []
+        new_cards: list[GpuCard] = []
         for device in devices:
             card_id = f"gpu-{device.rank}-{device.index}"
             card = cards.get(card_id)

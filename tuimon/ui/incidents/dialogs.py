@@ -9,6 +9,7 @@ in the dialog, which stays open with what was typed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
@@ -119,8 +120,10 @@ class EntryDialog(Dialog[T]):
         self.save()
 
 
-def _choices(values: tuple[str, ...], render: object, initial: str, *, id: str) -> OptionList:
-    options = OptionList(*(Option(render(value), id=value) for value in values), id=id)  # type: ignore[operator]
+def _choices(
+    values: tuple[str, ...], render: Callable[[str], Content], initial: str, *, id: str
+) -> OptionList:
+    options = OptionList(*(Option(render(value), id=value) for value in values), id=id)
     options.highlighted = values.index(initial) if initial in values else 0
     return options
 

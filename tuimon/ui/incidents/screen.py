@@ -42,6 +42,7 @@ from tuimon.kb import ContextRecord, Entry, Incident, IncidentDraft, IncidentFil
 from tuimon.kb.capture import DEFAULT_WINDOW
 from tuimon.kb.incidents import NO_FILTER
 from tuimon.kb.runbooks import RunbookProgress
+from tuimon.store import EventRecord
 from tuimon.ui.compact import mark_compact
 from tuimon.ui.context import EventContext
 from tuimon.ui.format import severity
@@ -555,7 +556,7 @@ class IncidentScreen(Screen[None]):
             "run_start": view.run_start if view is not None else None,
         }
 
-    def _current_event(self) -> Any:
+    def _current_event(self) -> EventRecord:
         context = self.context
         assert context is not None
         return context.store.event(context.run, context.event.id) or context.event

@@ -182,10 +182,9 @@ class KbLink:
         candidates = kb.list_incidents(IncidentFilter(run=run, kinds=(event.kind,)), limit=EVENT_LOOKUP_LIMIT)
         found = []
         for incident in candidates:
-            first, last = incident.step_first, incident.step_last
-            outside = None not in (event.step, first, last) and not first <= event.step <= last
-            if outside:
-                continue
+            step, first, last = event.step, incident.step_first, incident.step_last
+            if step is not None and first is not None and last is not None and not first <= step <= last:
+                continue  # the incident's steps are elsewhere: no need to read its timeline
             entries = kb.timeline(incident.number)
             if any(e.type == "event" and (e.data or {}).get("id") == event.id for e in entries):
                 found.append(incident)
