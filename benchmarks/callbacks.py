@@ -52,8 +52,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-import tiny_lm  # the tests' model and data (tests/tiny_lm.py)
-from tiny_lm import LmRows
+from helpers import tiny_lm  # the tests' model and data (tests/helpers/tiny_lm.py)
+from helpers.tiny_lm import LmRows
 
 from publisher.integrations.session import AUTOSTART_ENV
 from publisher.monitor import Monitor
@@ -82,7 +82,7 @@ SIZE = Gpt2Size()
 
 
 def tiny_gpt2(size: Gpt2Size = SIZE) -> torch.nn.Module:
-    """The tests' tiny GPT-2 (``tests/tiny_lm.py``) at this benchmark's size."""
+    """The tests' tiny GPT-2 (``tests/helpers/tiny_lm.py``) at this benchmark's size."""
     return tiny_lm.tiny_gpt2(layers=size.layers, width=size.width, heads=size.heads, vocab=size.vocab,
                              positions=size.length)
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from conftest import FedSource, big_job, job_store  # the tests' job builder
+from helpers.jobs import big_job, job_store
+from helpers.sources import FedSource
 
 from tuimon.ui.app import TuimonApp
 from tuimon.ui.job.grid import JobGrid

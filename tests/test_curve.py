@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ports import free_port
-from test_relay import running
+from helpers.ports import free_port
+from helpers.relays import running
 
 from publisher.wire.curve import load_keys, make_keys
 from publisher.wire.transport import Publisher

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_monitor import messages_in, of_type
+from helpers.recordings import of_type, read_messages
 from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomSampler
 
 from publisher.detectors import Finding
@@ -155,7 +155,7 @@ def test_a_deliberately_repeated_batch_is_quiet_when_the_user_says_so(tmp_path: 
                 loss.backward()
                 optimizer.step()
                 mon.step(loss)
-        kinds[deliberate] = {e["kind"]: e["step"] for e in of_type(messages_in(record), "event")}
+        kinds[deliberate] = {e["kind"]: e["step"] for e in of_type(read_messages(record), "event")}
     assert kinds[False].get("duplicate_batches") == 2, "named on the step that used the repeat"
     assert "duplicate_batches" not in kinds[True]
 
@@ -187,7 +187,7 @@ def clip_events(tmp_path: Path, order: str, steps: int = 8) -> dict[str, int]:
                 clip_norm(model.parameters(), 1.0)  # the zeros zero_grad left: norm 0
             elif order == "value after zero_grad":
                 clip_value(model.parameters(), 0.1)  # returns nothing: the zeros are probed
-    return {e["kind"]: e["step"] for e in of_type(messages_in(record), "event")}
+    return {e["kind"]: e["step"] for e in of_type(read_messages(record), "event")}
 
 
 @pytest.mark.parametrize("order", ["before backward", "norm after zero_grad", "value after zero_grad"])
@@ -209,7 +209,7 @@ def test_clipping_after_backward_and_clipping_frozen_parameters_are_quiet(tmp_pa
             torch.nn.utils.clip_grad_norm_(frozen.parameters(), 1.0)  # never has gradients: by design
             optimizer.step()
             mon.step(loss)
-    assert "clip_noop" not in {e["kind"] for e in of_type(messages_in(record), "event")}
+    assert "clip_noop" not in {e["kind"] for e in of_type(read_messages(record), "event")}
 
 
 def test_the_watched_calls_return_what_torch_returns_and_count_the_labels() -> None:
@@ -262,7 +262,7 @@ def train_classifier(tmp_path: Path, name: str, labels: str, steps: int, classes
             loss.backward()
             optimizer.step()
             mon.step(loss)
-    return {e["kind"]: e["step"] for e in of_type(messages_in(record), "event")}
+    return {e["kind"]: e["step"] for e in of_type(read_messages(record), "event")}
 
 
 def test_a_classifier_that_learns_nothing_is_named_within_a_hundred_steps(tmp_path: Path) -> None:

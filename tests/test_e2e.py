@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Terminal, wait_for_screen
+from helpers.cli import Terminal
+from helpers.waiting import wait_for_screen
 from textual_plotext import PlotextPlot
 
 from tuimon.sources.live import LiveSource

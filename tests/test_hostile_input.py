@@ -11,14 +11,17 @@ import logging
 import math
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
 import pytest
 import zmq
-from conftest import RawPublisher, RunBuilder, wait_for_screen, wait_until, write_recording
+from helpers.cli import TUIMON
+from helpers.peers import RawPublisher
+from helpers.recordings import write_recording
+from helpers.runs import RunBuilder
+from helpers.waiting import wait_for_screen, wait_until
 from textual.widgets import Tab
 
 from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode, encode
@@ -35,8 +38,6 @@ from tuimon.ui.dashboard.charts import MAX_TABS, MetricChart
 from tuimon.ui.dashboard.events import MAX_ROWS, EventLog
 from tuimon.ui.dashboard.gpu import GpuCard
 from tuimon.ui.event_detail import EventDetailScreen
-
-TUIMON = [sys.executable, "-m", "tuimon.cli"]
 
 
 def deep_json(depth: int) -> str:

@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from test_run import SCRIPTS, messages, of_type, tuimon_run_command
-from tiny_lm import LmRows, tiny_gpt2, token_rows
+from helpers.cli import SCRIPTS, tuimon_run_command
+from helpers.recordings import of_type, read_messages
+from helpers.tiny_lm import LmRows, tiny_gpt2, token_rows
 
 from publisher.integrations.session import AUTOSTART_ENV
 from publisher.wire.recorder import read_recording
@@ -160,11 +161,11 @@ def test_tuimon_run_wraps_accelerate_launch(tmp_path: Path) -> None:
     result, recordings = tuimon_run_command(tmp_path, command, run="acc")
     assert result.returncode == 0, result.stderr
     assert len(recordings) == 2, "one recording per training process, none for the launchers"
-    starts = [of_type(messages(path), "run_start")[0] for path in recordings]
+    starts = [of_type(read_messages(path), "run_start")[0] for path in recordings]
     assert sorted(s["rank"] for s in starts) == [0, 1]
     assert {(s["run"], s["world_size"]) for s in starts} == {("acc", 2)}
     for path in recordings:
-        assert [m["step"] for m in of_type(messages(path), "metrics")] == list(range(1, 9))
+        assert [m["step"] for m in of_type(read_messages(path), "metrics")] == list(range(1, 9))
 
 
 # ---------------------------------------------------------------------------------- lightning

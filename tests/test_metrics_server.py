@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
-from conftest import HOST, TUIMON, RawPublisher, wait_until
-from ports import free_port
+from helpers.cli import TUIMON
+from helpers.peers import RawPublisher
+from helpers.ports import free_port
+from helpers.runs import HOST
+from helpers.waiting import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from publisher.wire.transport import Publisher

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import zmq
-from conftest import wait_until
-from publisher_client import Message, receive_until, request_snapshot, subscribe
+from helpers.publisher_client import Message, receive_until, request_snapshot, subscribe
+from helpers.recordings import of_type, read_messages
+from helpers.waiting import wait_until
 
 from publisher.monitor import Monitor
 from publisher.readings.compute_time import ComputeTimer, HostMarks, marks_for
-from publisher.wire.protocol import decode, read_number
+from publisher.wire.protocol import read_number
 
 
 class Regression:
@@ -63,14 +64,6 @@ class Regression:
         return reference
 
 
-def messages_in(record: Path) -> list[Message]:
-    return [decode(line) for line in record.read_bytes().splitlines()]
-
-
-def of_type(messages: list[Message], msg_type: str) -> list[Message]:
-    return [m for m in messages if m["type"] == msg_type]
-
-
 def test_a_real_loop_is_seen_live_by_a_subscriber(context: zmq.Context, tmp_path: Path) -> None:
     task = Regression(seed=0)
     record = tmp_path / "run.jsonl"
@@ -106,7 +99,7 @@ def test_a_real_loop_is_seen_live_by_a_subscriber(context: zmq.Context, tmp_path
     assert "step_time" not in metrics[0]["metrics"], "no previous step to measure from"
     assert metrics[0]["metrics"]["host_mem_bytes"] > 10_000_000
 
-    start = messages_in(record)[0]
+    start = read_messages(record)[0]
     assert start["type"] == "run_start" and start["run"] == "exp1"
     assert start["config"] == {"lr": 1e-2, "layers": [16, 32, 1], "data": "PosixPath('/data/x')"}
     assert start["seed"] == 0 and start["gpu_source"] == "none" and start["world_size"] == 1
@@ -125,7 +118,7 @@ def test_the_grad_norm_keeps_within_its_cost_budget(tmp_path: Path) -> None:
         task.model, task.optimizer, run="budget", record=record, gpu="none", grad_norm_budget=0.001
     ) as mon:
         reference = task.train(mon, steps=200)
-    metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
+    metrics = [m["metrics"] for m in of_type(read_messages(record), "metrics")]
     measured = [(i, m["grad_norm"]) for i, m in enumerate(metrics) if "grad_norm" in m]
     assert 3 <= len(measured) <= 100, "0.1 % of a sub-millisecond step: only every few steps"
     assert all(value == pytest.approx(reference[i], rel=1e-4) for i, value in measured)
@@ -152,7 +145,7 @@ def test_nan_losses_make_one_critical_event_whose_count_grows(tmp_path: Path) ->
     record = tmp_path / "nan.jsonl"
     with Monitor(task.model, task.optimizer, run="nan", record=record, gpu="none") as mon:
         task.train(mon, steps=120, nan_at=frozenset(range(60, 65)))
-    messages = messages_in(record)
+    messages = read_messages(record)
     losses = {m["step"]: m["metrics"]["loss"] for m in of_type(messages, "metrics")}
     assert losses[60] == "nan" and losses[65] != "nan", "the NaN is on the wire in protocol form"
     events = of_type(messages, "event")
@@ -169,7 +162,7 @@ def test_a_corrupted_batch_is_reported_as_a_loss_spike(tmp_path: Path) -> None:
     record = tmp_path / "spike.jsonl"
     with Monitor(task.model, task.optimizer, run="spike", record=record, gpu="none") as mon:
         task.train(mon, steps=200, corrupt_at=frozenset({150}))
-    (event,) = of_type(messages_in(record), "event")
+    (event,) = of_type(read_messages(record), "event")
     assert (event["kind"], event["severity"], event["step"]) == ("loss_spike", "warning", 150)
     details = event["details"]
     assert details["ratio"] > 10 and details["value"] > details["baseline"]
@@ -182,7 +175,7 @@ def test_healthy_noisy_runs_raise_no_warning(tmp_path: Path, seed: int) -> None:
     record = tmp_path / "healthy.jsonl"
     with Monitor(task.model, task.optimizer, run="healthy", record=record, gpu="none") as mon:
         task.train(mon, steps=600)
-    messages = messages_in(record)
+    messages = read_messages(record)
     losses = [read_number(m["metrics"]["loss"]) for m in of_type(messages, "metrics")]
     assert max(losses[100:]) > 3 * min(losses[100:]), "the run really is noisy"
     assert [e["message"] for e in of_type(messages, "event")] == []
@@ -201,7 +194,7 @@ def test_several_param_groups_extra_metrics_and_data_time(tmp_path: Path) -> Non
             optimizer.step()
             mon.step(loss, accuracy=torch.tensor(0.75), perplexity=12)
             optimizer.zero_grad()
-    metrics = of_type(messages_in(record), "metrics")[-1]["metrics"]
+    metrics = of_type(read_messages(record), "metrics")[-1]["metrics"]
     assert (metrics["lr"], metrics["lr/1"]) == (0.1, 0.01)
     assert (metrics["accuracy"], metrics["perplexity"]) == (0.75, 12.0)
     assert 0 <= metrics["data_time"] < 0.1
@@ -238,7 +231,7 @@ def test_compute_time_is_the_steps_own_work_without_its_data_wait_or_what_follow
             optimizer.step()
             mon.step(None, data_time=None if data == "tracked" else 0.03)
             optimizer.zero_grad()
-    metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
+    metrics = [m["metrics"] for m in of_type(read_messages(record), "metrics")]
     assert "compute_time" not in metrics[0], "the first step has no start to measure from"
     for step in metrics[1:]:
         # The forward's 20 ms is a floor. Counting the 30 ms data wait or the 40 ms after the last
@@ -264,7 +257,7 @@ def test_compute_time_under_gradient_accumulation_spans_the_micro_batches_less_t
                 optimizer.step()
                 mon.step(None)
                 optimizer.zero_grad()
-    metrics = [m["metrics"] for m in of_type(messages_in(record), "metrics")]
+    metrics = [m["metrics"] for m in of_type(read_messages(record), "metrics")]
     assert len(metrics) == 5
     for step in metrics[1:]:
         assert 0.03 <= step["compute_time"] < 0.06, step  # the later waits counted would make 70 ms
@@ -346,7 +339,7 @@ def test_compute_time_on_a_cuda_device_is_the_devices_own_work(tmp_path: Path) -
             mon.step(None)
             optimizer.zero_grad()
             torch.cuda.current_stream().synchronize()  # as a loop that prints its loss does
-    seconds = [m["metrics"]["compute_time"] for m in of_type(messages_in(record), "metrics")
+    seconds = [m["metrics"]["compute_time"] for m in of_type(read_messages(record), "metrics")
                if "compute_time" in m["metrics"]]
     assert len(seconds) >= 10, "each step reports the latest one the device has finished"
     assert all(0.019 <= s < 0.05 for s in seconds[1:]), seconds
@@ -359,7 +352,7 @@ def test_user_events_get_ids_and_default_severities(tmp_path: Path) -> None:
         first = mon.event("checkpoint", "checkpoint saved", path=Path("/ckpt/1"), size_mb=12.5)
         second = mon.event("loss_plateau", "no progress for 1000 steps", step=7)
         mon.event("data_bottleneck", "custom", severity="not-a-severity")
-    events = of_type(messages_in(record), "event")
+    events = of_type(read_messages(record), "event")
     assert [e["id"] for e in events[:2]] == [first, second] and first != second
     assert [(e["kind"], e["severity"], e["step"]) for e in events] == [
         ("checkpoint", "info", 1),
@@ -398,7 +391,7 @@ def test_an_exception_in_the_with_block_ends_the_run_with_its_status(
     with pytest.raises(type(exception)), Monitor(run="end", record=record, gpu="none") as mon:
         mon.step(1.0)
         raise exception
-    end = messages_in(record)[-1]
+    end = read_messages(record)[-1]
     assert (end["type"], end["status"], end.get("error"), end["step"]) == ("run_end", status, error, 1)
 
 
@@ -406,7 +399,7 @@ def run_script(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[s
     record = tmp_path / "script.jsonl"
     script = "from publisher.monitor import Monitor\n" + textwrap.dedent(body).format(record=str(record))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    return done, messages_in(record)
+    return done, read_messages(record)
 
 
 def test_a_script_that_crashes_without_close_reports_failed(tmp_path: Path) -> None:
@@ -457,8 +450,8 @@ def test_the_reproduction_record_names_the_code_version_and_config(
         pass
     with Monitor(run="repro2", record=tmp_path / "repro2.jsonl", gpu="none", config={"a": [1, 2], "b": 2}):
         pass
-    start = messages_in(record)[0]
-    other = messages_in(tmp_path / "repro2.jsonl")[0]
+    start = read_messages(record)[0]
+    other = read_messages(tmp_path / "repro2.jsonl")[0]
     assert start["repro"]["git"] == {"commit": commit, "dirty": True}
     assert start["repro"]["cwd"] == str(repo) and start["seed"] == start["repro"]["seed"] == 7
     assert start["repro"]["config_hash"] == other["repro"]["config_hash"], "key order does not matter"
@@ -500,7 +493,7 @@ def test_invariants_are_published_and_their_violations_are_one_episode(tmp_path:
             loss.backward()
             optimizer.step()
             mon.step(loss)
-    messages = messages_in(record)
+    messages = read_messages(record)
     statuses = of_type(messages, "invariant")
     names = {m["name"] for m in statuses}
     assert {"grads_cleared", "optimizer_changes_params", "params_receive_grads"} <= names
@@ -527,7 +520,7 @@ def test_invariants_and_samples_can_be_switched_off(tmp_path: Path) -> None:
             loss.backward()
             optimizer.step()
             mon.step(loss)
-    messages = messages_in(record)
+    messages = read_messages(record)
     assert not of_type(messages, "invariant")
     assert not any("layers" in m for m in of_type(messages, "metrics"))
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks, "no hooks"
@@ -552,7 +545,7 @@ def test_a_monitor_built_inside_the_first_step_numbers_invariant_events_like_ste
         optimizer.step()
     handle.remove()
     monitors[0].close()
-    messages = messages_in(record)
+    messages = read_messages(record)
     [event] = [e for e in of_type(messages, "event") if e["kind"] == "stale_gradients"]
     assert 11 <= event["step"] <= 17, "the fault starts at step 11 in the Monitor's numbering too"
     assert [m["step"] for m in of_type(messages, "metrics")] == list(range(1, 31))
@@ -578,7 +571,7 @@ def test_a_second_optimizer_joins_the_samples_and_the_invariants(tmp_path: Path)
             opt_g.zero_grad()
             (-discriminator(fake).mean()).backward()
             opt_g.step()
-    messages = messages_in(record)
+    messages = read_messages(record)
     layers = [m["layers"] for m in of_type(messages, "metrics") if "layers" in m][-1]["params"]
     ratios = dict(zip(layers["name"], layers["update_ratio"], strict=True))
     assert set(ratios) == {"D.weight", "D.bias", "G.weight", "G.bias"}
@@ -602,7 +595,7 @@ def test_simulated_gpus_idle_before_the_first_step_raise_no_low_utilisation(tmp_
             optimizer.step()
             mon.step(loss)
             time.sleep(0.05)
-    messages = messages_in(record)
+    messages = read_messages(record)
     idle = [m for m in of_type(messages, "gpu") if "step" not in m]
     assert len(idle) > 100 and all(d["util"] < 10 for m in idle for d in m["devices"])
     assert not [e["kind"] for e in of_type(messages, "event")]
@@ -657,6 +650,6 @@ def test_a_zero_initialised_layer_is_not_dead_but_waiting_for_its_first_updates(
             loss.backward()
             optimizer.step()
             mon.step(loss)
-    samples = [m["layers"] for m in of_type(messages_in(record), "metrics") if "layers" in m]
+    samples = [m["layers"] for m in of_type(read_messages(record), "metrics") if "layers" in m]
     assert samples, "per-layer samples were taken"
-    assert "dead_activations" not in {e["kind"] for e in of_type(messages_in(record), "event")}
+    assert "dead_activations" not in {e["kind"] for e in of_type(read_messages(record), "event")}

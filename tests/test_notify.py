@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TUIMON, RunBuilder, Terminal, wait_for_screen, wait_until
+from helpers.cli import TUIMON, Terminal
+from helpers.runs import RunBuilder
+from helpers.waiting import wait_for_screen, wait_until
 from textual import events
 
 from publisher.wire.transport import Publisher

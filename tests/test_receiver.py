@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import zmq
-from conftest import RawPublisher, wait_until
-from ports import nobody_listening
+from helpers.peers import RawPublisher
+from helpers.ports import nobody_listening
+from helpers.waiting import wait_until
 
 from publisher.wire.protocol import MAX_MESSAGE_BYTES, encode
 from publisher.wire.transport import Publisher

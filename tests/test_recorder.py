@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import zmq
-from publisher_client import receive_until, subscribe, wait_until
+from helpers.publisher_client import receive_until, subscribe
+from helpers.waiting import wait_until
 
 from publisher.wire.protocol import decode, wire_numbers
 from publisher.wire.recorder import Recorder

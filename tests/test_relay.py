@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import wait_until
-from ports import free_port
+from helpers.cli import TUIMON
+from helpers.ports import free_port
+from helpers.relays import running
+from helpers.waiting import wait_until
 
 from publisher.wire.protocol import decode, encode, make_message
 from publisher.wire.topics import subscription
@@ -25,20 +27,6 @@ from publisher.wire.transport import Publisher
 from tuimon.errors import UserError
 from tuimon.relay.addresses import ingest_address
 from tuimon.relay.forwarder import Relay
-
-TUIMON = [sys.executable, "-m", "tuimon.cli"]
-
-
-@contextlib.contextmanager
-def running(relay: Relay) -> Iterator[Relay]:
-    stop = threading.Event()
-    thread = threading.Thread(target=relay.serve, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield relay
-    finally:
-        stop.set()
-        thread.join(timeout=5)
 
 
 class Viewer:

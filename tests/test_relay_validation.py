@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import wait_until
-from ports import free_port
-from test_relay import running
+from helpers.ports import free_port
+from helpers.relays import running
+from helpers.waiting import wait_until
 
 from publisher.wire.protocol import ProtocolError, decode, encode, make_message
 from publisher.wire.topics import subscription

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RunBuilder, synthetic_run, wait_until, write_recording
+from helpers.recordings import write_recording
+from helpers.runs import RunBuilder, synthetic_run
+from helpers.waiting import wait_until
 
 from publisher.wire.protocol import encode
 from tuimon.errors import UserError

@@ -2,47 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).parent / "scripts"
-TUIMON = [sys.executable, "-m", "tuimon.cli"]
+from helpers.cli import SCRIPTS, TUIMON, tuimon_run_command
+from helpers.recordings import of_type, read_messages
 
 
 def tuimon_run(tmp_path: Path, *script_args: str, run: str = "plain", script: str = "plain_train.py"):
     return tuimon_run_command(tmp_path, [sys.executable, str(SCRIPTS / script), *script_args], run=run)
 
 
-def tuimon_run_command(tmp_path: Path, command: list[str], run: str):
-    """``tuimon run --record`` a command as a real subprocess; its result and its recordings."""
-    prefix = tmp_path / "rec" / "exp"
-    result = subprocess.run(
-        [*TUIMON, "run", "--run", run, "--record", str(prefix), "--gpu", "none", "--", *command],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    recordings = sorted(prefix.parent.glob("exp.rank*.jsonl")) if prefix.parent.exists() else []
-    return result, recordings
-
-
-def messages(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def of_type(msgs: list[dict], msg_type: str) -> list[dict]:
-    return [m for m in msgs if m["type"] == msg_type]
-
-
 def test_plain_script_is_monitored_without_code_change(tmp_path: Path) -> None:
     result, recordings = tuimon_run(tmp_path, "--steps", "60")
     assert result.returncode == 0, result.stderr
     assert len(recordings) == 1 and ".rank0." in recordings[0].name
-    msgs = messages(recordings[0])
+    msgs = read_messages(recordings[0])
     start = of_type(msgs, "run_start")[0]
     assert start["run"] == "plain" and start["rank"] == 0
     assert any(arg.endswith("plain_train.py") for arg in start["argv"])
@@ -64,7 +41,7 @@ def test_plain_script_is_monitored_without_code_change(tmp_path: Path) -> None:
 def test_an_optimizer_subclass_calling_super_step_counts_each_step_once(tmp_path: Path) -> None:
     result, recordings = tuimon_run(tmp_path, "--steps", "20", "--subclass")
     assert result.returncode == 0, result.stderr
-    assert [m["step"] for m in of_type(messages(recordings[0]), "metrics")] == list(range(1, 21))
+    assert [m["step"] for m in of_type(read_messages(recordings[0]), "metrics")] == list(range(1, 21))
 
 
 def test_backward_without_an_optimizer_keeps_bounded_state(tmp_path: Path) -> None:
@@ -86,7 +63,7 @@ def test_crash_is_recorded_as_failed(tmp_path: Path) -> None:
     result, recordings = tuimon_run(tmp_path, "--steps", "50", "--raise-at", "7")
     assert result.returncode == 1
     assert "RuntimeError: boom" in result.stderr
-    end = of_type(messages(recordings[0]), "run_end")[-1]
+    end = of_type(read_messages(recordings[0]), "run_end")[-1]
     assert end["status"] == "failed" and "boom" in end["error"]
     assert end["step"] == 7
 
@@ -94,7 +71,7 @@ def test_crash_is_recorded_as_failed(tmp_path: Path) -> None:
 def test_nan_loss_is_detected_without_code_change(tmp_path: Path) -> None:
     result, recordings = tuimon_run(tmp_path, "--steps", "30", "--nan-at", "12")
     assert result.returncode == 0, result.stderr
-    events = [e for e in of_type(messages(recordings[0]), "event") if e["kind"] == "nonfinite_loss"]
+    events = [e for e in of_type(read_messages(recordings[0]), "event") if e["kind"] == "nonfinite_loss"]
     assert events, "a NaN loss raises a nonfinite_loss event"
     assert events[0]["severity"] == "critical"
     assert 12 <= events[0]["step"] <= 13
@@ -117,12 +94,12 @@ def test_every_training_process_reports_its_own_rank(tmp_path: Path, launcher: s
     result, recordings = tuimon_run_command(tmp_path, command, run="ddp")
     assert result.returncode == 0, result.stderr
     assert len(recordings) == 2, "one recording per training process, none for the launcher"
-    starts = [of_type(messages(path), "run_start")[0] for path in recordings]
+    starts = [of_type(read_messages(path), "run_start")[0] for path in recordings]
     assert sorted(s["rank"] for s in starts) == [0, 1]
     assert {s["run"] for s in starts} == {"ddp"}
     assert all(s["world_size"] == 2 for s in starts)
     for path in recordings:
-        assert len(of_type(messages(path), "metrics")) == 8
+        assert len(of_type(read_messages(path), "metrics")) == 8
 
 
 def test_a_python_without_tuimon_runs_unmonitored_and_is_told_how_to_fix_it(tmp_path: Path) -> None:

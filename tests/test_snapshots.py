@@ -32,7 +32,9 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import FedSource, big_job, job_batches, job_store, wait_for_screen
+from helpers.jobs import big_job, job_batches, job_store
+from helpers.sources import FedSource
+from helpers.waiting import wait_for_screen
 from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widget import Widget

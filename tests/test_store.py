@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 
-from conftest import RunBuilder, synthetic_run
+from helpers.runs import RunBuilder, synthetic_run
 
 from publisher.wire.protocol import ProtocolError
 from tuimon.sink import Batch, Notice, Snapshot

@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import TUIMON, RawPublisher, wait_until
+from helpers.cli import TUIMON
+from helpers.peers import RawPublisher
+from helpers.waiting import wait_until
 
 from publisher.wire.protocol import encode
 from publisher.wire.transport import Publisher

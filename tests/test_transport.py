@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import zmq
-from ports import free_port
-from publisher_client import Message, receive, receive_until, request_snapshot, subscribe, wait_until
+from helpers.ports import free_port
+from helpers.publisher_client import receive, receive_until, request_snapshot, subscribe
+from helpers.recordings import of_type
+from helpers.waiting import wait_until
 
 from publisher.wire.history import SnapshotHistory
 from publisher.wire.protocol import SNAPSHOT_REQUEST, decode, encode, make_message
@@ -43,10 +45,6 @@ def connected(context: zmq.Context, publisher: Publisher, **options: int) -> zmq
     sub = subscribe(context, publisher.endpoint, **options)
     receive_until(sub, lambda m: m["type"] == "heartbeat")
     return sub
-
-
-def of_type(messages: list[Message], msg_type: str) -> list[Message]:
-    return [m for m in messages if m["type"] == msg_type]
 
 
 # --- binding ----------------------------------------------------------------------------------------

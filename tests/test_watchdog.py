@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 import zmq
-from ports import free_port
-from publisher_client import Message, receive
+from helpers.cli import TUIMON
+from helpers.ports import free_port
+from helpers.publisher_client import Message, receive
 
 from publisher.readings.timing import StepTimer
 from publisher.threads import stacks
@@ -27,9 +28,6 @@ from publisher.wire.protocol import ProtocolError, decode, encode, make_message
 from publisher.wire.transport import Publisher
 
 SCRIPTS = Path(__file__).parent / "scripts"
-TUIMON = [sys.executable, "-m", "tuimon.cli"]
-
-
 def recorded(path: Path) -> list[Message]:
     return [decode(line) for line in path.read_bytes().splitlines()]
 

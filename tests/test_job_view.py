@@ -10,18 +10,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from conftest import (
-    JOB_RUN,
-    T0,
-    FedSource,
-    big_job,
-    decoded,
-    job_batches,
-    job_end_ts,
-    job_event,
-    job_store,
-    wait_for_screen,
-)
+from helpers.jobs import JOB_RUN, big_job, job_batches, job_end_ts, job_event, job_store
+from helpers.runs import T0, decoded
+from helpers.sources import FedSource
+from helpers.waiting import wait_for_screen
 from textual.pilot import Pilot
 from textual.widgets import Static
 from textual_plotext import PlotextPlot

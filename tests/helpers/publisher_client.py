@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-from conftest import wait_until
 
+from helpers.waiting import wait_until
 from publisher.wire.protocol import SNAPSHOT_REQUEST, decode
 
 __all__ = ["Message", "receive", "receive_until", "request_snapshot", "subscribe", "wait_until"]

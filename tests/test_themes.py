@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import wait_for_screen
+from helpers.waiting import wait_for_screen
 from textual_plotext import PlotextPlot
 
 from tuimon.errors import UserError

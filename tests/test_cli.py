@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import TUIMON, Terminal
+from helpers.cli import TUIMON, Terminal
 
 from tuimon.ui.terminal import HANGUP_GRACE_S
 

@@ -12,7 +12,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from conftest import synthetic_run, wait_for_screen, write_recording
+from helpers.recordings import write_recording
+from helpers.runs import synthetic_run
+from helpers.waiting import wait_for_screen
 from textual.pilot import Pilot
 from textual.widgets import Static
 

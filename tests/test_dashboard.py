@@ -9,7 +9,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from conftest import RawPublisher, RunBuilder, synthetic_run, wait_for_screen, write_recording
+from helpers.peers import RawPublisher
+from helpers.recordings import write_recording
+from helpers.runs import RunBuilder, synthetic_run
+from helpers.waiting import wait_for_screen
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widget import Widget
