@@ -264,6 +264,22 @@ async def test_chart_keys_choose_the_metric(recording: Path) -> None:
             assert f"{metric}  last" in chart_text(app)
 
 
+async def test_the_palette_screenshot_lands_in_the_working_folder(
+    recording: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "no-downloads-here"))
+    async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
+        await played_to_end(app, pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"screenshot")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for_screen(pilot, lambda: list(tmp_path.glob("*.svg")), what="the screenshot")
+    (shot,) = tmp_path.glob("*.svg")
+    assert "ENDED" in shot.read_text() and "loss" in shot.read_text()
+
+
 async def test_run_key_switches_between_runs(tmp_path: Path) -> None:
     first = write_recording(tmp_path / "a.jsonl", synthetic_run("alpha", steps=50))
     second = write_recording(tmp_path / "b.jsonl", synthetic_run("beta", steps=80, t0=1_700_000_001.0))

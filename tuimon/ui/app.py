@@ -8,6 +8,7 @@ keys of :mod:`tuimon.ui.keys` (quit, help, next theme) with the palette's theme 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -102,6 +103,14 @@ class TuimonApp(App[None]):
         position = order.index(self.theme) if self.theme in order else -1
         self.theme = order[(position + 1) % len(order)]
         self.notify(f"theme: {self.theme}", timeout=2)
+
+    def deliver_screenshot(
+        self, filename: str | None = None, path: str | None = None, time_format: str | None = None
+    ) -> str | None:
+        """The palette's screenshot, saved in the working folder unless told otherwise: Textual's
+        default, the user's Downloads folder, is rarely there on a training node reached over SSH,
+        and the save then only says that it failed."""
+        return super().deliver_screenshot(filename, path or os.getcwd(), time_format)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """Textual's, and a command per theme; a screen adds its own (:mod:`tuimon.ui.palette`)."""
