@@ -1,6 +1,12 @@
 """How much live traffic the viewer absorbs, and whether its screen keeps up while it does.
 
     python benchmarks/ingest.py [--rates 10000,50000,100000] [--seconds 5]
+    python benchmarks/ingest.py --against REV [--pairs 3] [--rates 50000 --seconds 8]
+
+``--against REV`` compares this tree with commit ``REV`` in one run: alternating runs of each
+(REV's own copy of this script, in a temporary git worktree), then per rate the median and the
+spread of the screen delay p95, the key press p95, what was absorbed and what was lost. Run it
+before committing a change that touches the viewer (``--against HEAD``) and when a figure moved.
 
 A publisher in its own process sends pre-encoded, valid ``metrics`` messages (one per step) at a
 fixed target rate on a real PUB socket, with a heartbeat every second carrying its drop count. The
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import _against
 from textual import events
 
 from tuimon.sources.live import LiveSource
@@ -145,26 +152,32 @@ def published_at(app: TuimonApp, step: int) -> float | None:
     return values[0] if steps else None
 
 
-class ProbeApp(TuimonApp):
-    """The dashboard, noting when the chart key's action has run (chart redrawn)."""
+class ChartKeyProbe:
+    """Notes when the dashboard's chart key (``c``) has run its action, the chart redrawn; the
+    action belongs to the dashboard screen, which is wrapped on the instance."""
 
-    handled = 0.0
+    def __init__(self, app: TuimonApp) -> None:
+        self.app = app
+        self.handled = 0.0
+        dashboard = app.dashboard
+        original = dashboard.action_next_chart
 
-    def action_next_chart(self) -> None:
-        super().action_next_chart()
-        self.handled = time.perf_counter()
+        def next_chart() -> None:
+            original()
+            self.handled = time.perf_counter()
 
+        dashboard.action_next_chart = next_chart  # type: ignore[method-assign]
 
-async def key_press_ms(app: ProbeApp, pilot: object) -> float:
-    """From the key event entering the app's queue to its action done (the chart redrawn)."""
-    before = app.handled
-    started = time.perf_counter()
-    app.post_message(events.Key("c", "c"))
-    while app.handled == before:
-        await asyncio.sleep(0.001)
-        if time.perf_counter() - started > 10:
-            return float("nan")
-    return (app.handled - started) * 1000
+    async def press_ms(self) -> float:
+        """From the key event entering the app's queue to its action done (the chart redrawn)."""
+        before = self.handled
+        started = time.perf_counter()
+        self.app.post_message(events.Key("c", "c"))
+        while self.handled == before:
+            await asyncio.sleep(0.001)
+            if time.perf_counter() - started > 10:
+                return float("nan")
+        return (self.handled - started) * 1000
 
 
 async def measure(rate: int, seconds: float, traffic: str) -> Result:
@@ -177,11 +190,12 @@ async def measure(rate: int, seconds: float, traffic: str) -> Result:
     )
     endpoint = publisher.stdout.readline().strip()
     source = LiveSource([endpoint])
-    app = ProbeApp(source)
+    app = TuimonApp(source)
     key_ms: list[float] = []
     late_ms: list[float] = []
     delays: list[float] = []
     async with app.run_test(size=(160, 48)) as pilot:
+        probe = ChartKeyProbe(app)
         await pilot.pause(0.5)  # the SUB connects before the first message is sent
         last_tick = [time.perf_counter()]
 
@@ -205,7 +219,7 @@ async def measure(rate: int, seconds: float, traffic: str) -> Result:
             if sent_at is not None:
                 delays.append(time.time() - sent_at)
             if len(delays) % 5 == 0:
-                key_ms.append(await key_press_ms(app, pilot))
+                key_ms.append(await probe.press_ms())
         timer.stop()
         final = asyncio.ensure_future(asyncio.to_thread(publisher.stdout.readline))
         deadline = time.perf_counter() + 15
@@ -220,7 +234,7 @@ async def measure(rate: int, seconds: float, traffic: str) -> Result:
         elapsed = next((at for at, count in progress if count >= sent), progress[-1][0])
         lost = store.counters().gaps
         # The baseline, same run: the same key press with the same data on screen, no traffic.
-        idle_ms = [await key_press_ms(app, pilot) for _ in range(10)]
+        idle_ms = [await probe.press_ms() for _ in range(10)]
     malformed = store.counters().malformed
     return Result(rate, sent, steps, pub_dropped, received, lost, elapsed, key_ms, idle_ms, late_ms, delays,
                   malformed)
@@ -234,6 +248,63 @@ def p95(values: list[float]) -> float:
     )
 
 
+@dataclass(frozen=True)
+class Row:
+    """One rate's figures as a run of this script prints them."""
+
+    absorbed: float
+    lost: int
+    key_p95_ms: float
+    delay_p95_s: float
+
+
+def parse_rows(output: str) -> dict[int, Row]:
+    """The table of a run's output, by target rate (any version of this script prints it alike)."""
+    rows = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if len(cells) >= 11 and cells[0].replace(",", "").isdigit() and "/" in cells[6]:
+            rows[int(cells[0].replace(",", ""))] = Row(
+                absorbed=float(cells[2].replace(",", "")), lost=int(cells[5].replace(",", "")),
+                key_p95_ms=float(cells[6].split("/")[1]), delay_p95_s=float(cells[-1].split("/")[1]),
+            )
+    return rows
+
+
+def spread(values: list[float], digits: int) -> str:
+    """``median [min-max]``."""
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
+def compare(args: argparse.Namespace, rates: list[int]) -> int:
+    """This tree against ``args.against``, alternating runs, a table of medians and spreads."""
+    script_args = ["--rates", ",".join(map(str, rates)), "--seconds", str(args.seconds)]
+    if args.traffic != "plain":
+        script_args += ["--traffic", args.traffic]
+    try:
+        here, there = _against.alternate(args.against, args.pairs, "ingest.py", script_args, parse_rows,
+                                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except _against.AgainstError as exc:
+        print(f"ingest.py: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.pairs} alternating pairs, {args.seconds:g} s a rate; median [min-max] over the runs")
+    header = (f"{'target/s':>9}  {'tree':<12} {'screen delay p95 s':>20} {'key p95 ms':>20} "
+              f"{'absorbed/s':>10} {'lost':>8}")
+    print(header)
+    print("-" * len(header))
+    for rate in rates:
+        for name, runs in (("this tree", here), (args.against[:12], there)):
+            rows = [run[rate] for run in runs if rate in run]
+            if not rows:
+                print(f"{rate:>9,}  {name:<12} (no figures)")
+                continue
+            print(f"{rate:>9,}  {name:<12} {spread([r.delay_p95_s for r in rows], 2):>20} "
+                  f"{spread([r.key_p95_ms for r in rows], 1):>20} "
+                  f"{statistics.median(r.absorbed for r in rows):>10,.0f} "
+                  f"{statistics.median(r.lost for r in rows):>8,.0f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="10000,50000,100000", help="target msg/s, comma-separated")
@@ -245,8 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         help="plain: valid metrics only; hostile: also, every fifth step, a message with 200 new metric "
         "names, an event with a new id, 64 GPUs reading inf/nan, a bad type, or 2,000 brackets",
     )
+    parser.add_argument("--against", metavar="REV",
+                        help="compare with this commit: alternating runs of both trees (see above)")
+    parser.add_argument("--pairs", type=int, default=3, help="with --against: runs of each tree")
     args = parser.parse_args(argv)
     rates = [int(rate) for rate in args.rates.split(",")]
+    if args.against:
+        return compare(args, rates)
     print(
         f"{os.cpu_count()} CPUs (shared: numbers are provisional); x idle = key press under load / the "
         "same press right after, traffic stopped, same data on screen"
