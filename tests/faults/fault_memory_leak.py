@@ -28,7 +28,7 @@ def train(run: Run) -> None:
 
 
 CASE = Case("fault_memory_leak", train, expect=("memory_growth",), trigger=TRIGGER, within=10,
-            within_s=1.0, own_process=True)
+            within_s=1.0, own_process=True, leak=True)
 
 if __name__ == "__main__":
     raise SystemExit(main(CASE))
