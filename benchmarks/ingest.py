@@ -17,7 +17,9 @@ Textual dashboard running headless (``App.run_test``) at 160x48. For each rate t
   viewer that falls behind keeps draining after the sender stopped, which lowers the rate), and
   the share of those sent that it had taken in within 10 s of the end;
 - pub drops / lost: not sent because the PUB's high-water mark was reached (from the heartbeat) /
-  sent but never received (gaps in ``seq``: the viewer's receive queue overflowed);
+  never received, as the viewer counts them (gaps in ``seq``: those drops, and the viewer's receive
+  queue overflowing) and shows them on its status line; a line after the table gives, for a rate
+  that lost any, what the status line said and how many were lost without being counted;
 - key ms: a key press that redraws the chart (``c``), from the key event entering the app's queue
   to its action done, median and p95; x idle: its ratio to the same press right after the
   traffic stopped, with the same data on screen (the baseline, measured in the same run);
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -136,6 +139,13 @@ class Result:
     timer_late_ms: list[float]
     delays_s: list[float]
     malformed: int
+    shown_gaps: int | None  # what the status line said at the end ("gaps N"), None if it said none
+
+    @property
+    def uncounted(self) -> int:
+        """Messages given a sequence number (sent or dropped by the publisher) that the viewer neither
+        received nor counted as a gap: lost without anyone being told."""
+        return self.sent + self.pub_dropped - self.received - self.lost
 
 
 def shown_step(app: TuimonApp) -> int | None:
@@ -233,16 +243,24 @@ async def measure(rate: int, seconds: float, traffic: str) -> Result:
         received = store.counters().received
         elapsed = next((at for at, count in progress if count >= sent), progress[-1][0])
         lost = store.counters().gaps
+        await pilot.pause(0.5)  # the status line is refreshed a few times a second
+        shown_gaps = status_gaps(str(app.query_one("#status").visual))
         # The baseline, same run: the same key press with the same data on screen, no traffic.
         idle_ms = [await probe.press_ms() for _ in range(10)]
     malformed = store.counters().malformed
     return Result(rate, sent, steps, pub_dropped, received, lost, elapsed, key_ms, idle_ms, late_ms, delays,
-                  malformed)
+                  malformed, shown_gaps)
+
+
+def status_gaps(status: str) -> int | None:
+    """The ``gaps N`` figure of the dashboard's status line."""
+    match = re.search(r"gaps ([\d,]+)", status)
+    return int(match.group(1).replace(",", "")) if match else None
 
 
 def p95(values: list[float]) -> float:
     return (
-        statistics.quantiles(values, n=20)[-1]
+        statistics.quantiles(values, n=20, method="inclusive")[-1]  # never above the largest value
         if len(values) >= 2
         else (values[0] if values else float("nan"))
     )
@@ -350,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{key / base:>6.2f} {p95(result.timer_late_ms):>11.1f} ms "
             f"{delay[0]:>6.2f}/{delay[1]:.2f}/{delay[2]:.2f}"
         )
+        if result.lost or result.uncounted:
+            verdicts.append(
+                f"{rate:,} msg/s: {result.lost:,} lost on the way, counted as gaps; the status line showed "
+                f"{'no gaps' if result.shown_gaps is None else f'gaps {result.shown_gaps:,}'}; "
+                f"{result.uncounted:,} lost without being counted"
+            )
         if args.traffic == "hostile":
             verdicts.append(f"{rate:,} msg/s hostile: key p95 {p95(result.key_ms):.0f} ms (target <= 100), "
                             f"malformed counted {result.malformed:,}")

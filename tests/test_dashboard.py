@@ -137,6 +137,29 @@ async def test_live_step_advances_and_malformed_frames_show_in_the_status_line(
         await wait_for_screen(pilot, lambda: publish_until(first + 40), what="the app still working")
 
 
+async def test_messages_lost_on_the_way_show_as_gaps_on_the_status_line(raw_publisher: RawPublisher) -> None:
+    """What a full queue loses (a publisher's or the viewer's own high-water mark, ZeroMQ dropping
+    silently) leaves holes in ``seq``: the status line counts them, and the run goes on."""
+    async with dashboard(LiveSource([raw_publisher.endpoint])) as (app, pilot):
+        step = 0
+
+        def publish() -> None:
+            nonlocal step
+            raw_publisher.metrics(step, loss=1.0)
+            step += 1
+
+        raw_publisher.send(raw_publisher.builder.run_start())
+        await wait_for_screen(pilot, lambda: publish() or shown_step(app) is not None, what="the run")
+        assert "gaps 0" in text(app, "#status")
+        raw_publisher.builder.seq += 1_234  # as if 1,234 messages had been dropped by a full queue
+        await wait_for_screen(
+            pilot, lambda: publish() or "gaps 1,234" in text(app, "#status"), what="the gap counted"
+        )
+        before = shown_step(app)
+        await wait_for_screen(pilot, lambda: publish() or (shown_step(app) or 0) > (before or 0) + 5,
+                              what="the run going on")
+
+
 async def test_selecting_an_event_shows_its_details(recording: Path) -> None:
     async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
         await played_to_end(app, pilot)
