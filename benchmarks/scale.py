@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py [--nodes 1,4,16,32] [--ranks-per-node 8] [--seconds 10] [--view all|job]
     python benchmarks/scale.py --quick
+    python benchmarks/scale.py --hang [--nodes 64 --ranks-per-node 64] [--publishers judging|older]
 
 Every process is real except the training: each simulated node is one process hosting one raw
 ZeroMQ PUB socket per rank (no torch), sending what a training rank sends, protocol-valid
@@ -35,6 +36,20 @@ A baseline row comes first, in the same run: one node, no relay, the viewer conn
 its publishers. The root's CPU at 512 nodes is a straight line fitted through the sizes measured
 (fixed cost + cost per node). It is pessimistic if anything: at low rates each message costs the
 proxy a wake-up, and a busier root batches more messages per wake-up.
+
+``--hang`` asks who a hung job blames instead. The ranks of one tree (by default 64 simulated
+nodes of 64 ranks: 4,096, at 2 steps a second, heartbeats every second, no GPU readings) train
+until the root hears every node, then all stop: one rank in its data fetch, outside the collective
+(its heartbeats' stack ends in ``fetch_batch``, ``in_collective`` false), every other one in the
+all-reduce (``in_collective`` true), as each rank's watchdog says it (docs/protocol.md,
+``heartbeat``). With ``--publishers judging`` (today's) each rank judges its own stall and says
+so as a publisher does (``hang`` from the culprit, ``collective_wait`` from every waiting rank,
+updated every 2 s); with ``older`` their heartbeats only say where they are and the root judges.
+A viewer at the root, subscribed as a job view is, reads for ``--seconds`` and the benchmark
+prints who was named first (rank, host, by whom, seconds after the culprit's last step; target
+10 s), what the root itself said about it, every rank of a warning or worse (target: the culprit
+only), how many ranks' ``run_start`` reached the root (each rank said it before any relay ran:
+node relays ask for it), the events the root carried, and the relays' CPU meanwhile.
 
 Why these numbers (libzmq's proxy, high-water marks, slow joiners, a shared machine): docs/benchmarks.md.
 """
@@ -70,6 +85,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ingest import p95  # benchmarks/ is sys.path[0] when this file runs as a script
 
+from publisher.wire import snapshot_gate, stall
 from publisher.wire.hostname import ENV_HOST, host_name, machine_name
 from publisher.wire.protocol import (
     ProtocolError,
@@ -105,6 +121,16 @@ TARGET_NODE_RANKS = 8
 TARGET_ROOT_CPU = 50.0  # % of one core, for a root of 512 nodes
 TARGET_ROOT_NODES = 512
 _PR_SET_PDEATHSIG = 1
+#: Where a simulated rank's training thread is when a hang is simulated (``--hang``): the culprit
+#: in its data fetch, outside any collective; the others in the gradient all-reduce.
+FETCHING = ("/work/train.py:88 <module>", "/work/train.py:61 train", "/work/data.py:4 fetch_batch")
+WAITING = ("/work/train.py:88 <module>", "/work/train.py:66 train",
+           "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:81 wrapper",
+           "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:2800 all_reduce")
+#: Seconds between updates of a rank's own stall event while it lasts (publisher/detectors/episodes.py).
+EPISODE_UPDATE_S = 2.0
+#: The target: the rank outside the collective named at the root within this many seconds.
+TARGET_NAMED_S = 10.0
 
 
 # ------------------------------------------------------------------------------ processes
@@ -160,26 +186,50 @@ class Fleet:
 # ----------------------------------------------------------------------- a simulated node
 
 
+@dataclass(frozen=True)
+class Watchdog:
+    """What the simulated ranks' hang watchdogs say (docs/protocol.md, ``heartbeat``) and, for
+    ``--hang``, who stops where. ``judging``: the ranks' publishers judge their own stalls, as
+    today's do (heartbeats carry ``stall_after_s``, the readings from half the threshold on, and
+    each rank sends its own stall events: ``hang`` from the one outside the collective,
+    ``collective_wait`` from each one waiting in it, said once; a ``hang`` updated every
+    :data:`EPISODE_UPDATE_S`);
+    else as older publishers did (``stalled_s``, then the stack and ``in_collective`` from the
+    threshold on, no events), and the root relay judges them from its summaries."""
+
+    threshold_s: float
+    judging: bool = True
+    culprit: int | None = None  # the rank that stops outside the collective (None: nobody stops)
+
+
 class SimulatedRank:
     """One rank: a PUB socket and what a training rank sends on it, numbered as a Publisher numbers
-    its messages. Its snapshot socket is bound (the registry and heartbeats name it) and never read:
-    the benchmark has no late joiners."""
+    its messages: its ``run_start`` first, then metrics, GPU readings and heartbeats. Its snapshot
+    socket answers as a Publisher's does (the ``run_start`` and its latest stall event; no metric
+    history): node relays ask each rank they found after its start."""
 
-    def __init__(self, context: zmq.Context, rank: int, local_rank: int, host: str) -> None:
+    def __init__(self, context: zmq.Context, rank: int, local_rank: int, host: str, watchdog: Watchdog,
+                 world_size: int, node: Counter[str]) -> None:
         self.rank, self.local_rank, self.host = rank, local_rank, host
+        self.node = node  # what the node's ranks sent, by type, and dropped
+        self.watchdog, self.world_size = watchdog, world_size
         self.pub = context.socket(zmq.PUB)
         self.pub.sndhwm = PUBLISHER_HWM
         self.pub.linger = 0
         self.pub.bind("tcp://127.0.0.1:*")
-        self.snapshot_socket = context.socket(zmq.ROUTER)
-        self.snapshot_socket.linger = 0
+        self.snapshot_socket = snapshot_gate.snapshot_socket(context)
         self.snapshot_socket.bind("tcp://127.0.0.1:*")
+        self.gate = snapshot_gate.SnapshotGate()
         self.endpoint = self.pub.last_endpoint.decode()
         self.snapshot = self.snapshot_socket.last_endpoint.decode()
         self.started = time.time()
         self.seq = self.step = self.dropped = 0
         self.sent: Counter[str] = Counter()
         self.random = random.Random(rank)
+        self.kept: dict[str, bytes] = {}  # for snapshot replies: the run_start, the latest stall event
+        self.last_step_at = time.monotonic()
+        self.stopped = False  # its training thread stopped (--hang)
+        self.said: tuple[float, int] | None = None  # its stall event: when last sent, its count
 
     def register(self) -> Path:
         return register(run=RUN, rank=self.rank, host=self.host, machine=machine_name(), pid=os.getpid(),
@@ -189,14 +239,32 @@ class SimulatedRank:
         message = make_message(msg_type, run=RUN, rank=self.rank, host=self.host, ts=time.time(),
                                seq=self.seq, **body)
         self.seq += 1
+        frame = encode(message)
+        if msg_type in ("run_start", "event"):
+            self.kept[msg_type] = frame
         try:
-            self.pub.send(encode(message), zmq.NOBLOCK)
+            self.pub.send(frame, zmq.NOBLOCK)
             self.sent[msg_type] += 1
+            self.node[msg_type] += 1
         except zmq.Again:
             self.dropped += 1
+            self.node["dropped"] += 1
+
+    def run_start(self) -> None:
+        self.send("run_start", config={"lr": 3e-4, "batch_size": 32}, seed=self.rank, argv=["train.py"],
+                  cwd="/work", pid=os.getpid(), world_size=self.world_size, versions={"python": "3.11"},
+                  gpu_source="simulated")
+
+    def serve(self) -> None:
+        """Answer a snapshot request, as a Publisher does (metered by the same gate)."""
+        snapshot_gate.serve_requests(self.snapshot_socket, self.gate,
+                                     lambda: (list(self.kept.values()), self.seq - 1))
 
     def metrics(self) -> None:
+        if self.stopped:
+            return
         self.step += 1
+        self.last_step_at = time.monotonic()
         step_time = 0.1 * self.random.uniform(0.95, 1.05)
         values = {"loss": 2.5 * math.exp(-self.step / 5_000) + self.random.gauss(0, 0.02), "lr": 3e-4,
                   "step_time": step_time, "samples_per_s": 32 / step_time,
@@ -214,8 +282,61 @@ class SimulatedRank:
 
     def heartbeat(self) -> None:
         stats = {"sent": self.sent.total(), "dropped": self.dropped, "queued": 0, "recorded": 0,
-                 "snapshots": 0, "snapshots_refused": 0, "bad_requests": 0}
-        self.send("heartbeat", step=self.step, snapshot=self.snapshot, stats=stats)
+                 "snapshots": self.gate.served, "snapshots_refused": self.gate.refused,
+                 "bad_requests": self.gate.bad}
+        fields = self.watchdog_fields()
+        self.send("heartbeat", step=self.step, snapshot=self.snapshot, stats=stats, **fields)
+        self.say_stall(fields)
+
+    def watchdog_fields(self) -> dict[str, Any]:
+        """What its hang watchdog adds to a heartbeat: the stack of a stopped rank, from half the
+        threshold on (a judging publisher, with its readings: no CPU, no I/O, one place) or from
+        the threshold on (an older one)."""
+        watchdog = self.watchdog
+        stalled = time.monotonic() - self.last_step_at
+        fields: dict[str, Any] = {"stalled_s": round(stalled, 3)}
+        if watchdog.judging:
+            fields["stall_after_s"] = watchdog.threshold_s
+        read_from = (stall.CAPTURE_FROM if watchdog.judging else 1.0) * watchdog.threshold_s
+        if self.stopped and stalled >= read_from:
+            outside = self.rank == watchdog.culprit
+            fields |= {"stack": list(FETCHING if outside else WAITING), "in_collective": not outside}
+            if watchdog.judging:
+                fields |= {"cpu_share": 0.0, "io_bytes_per_s": 0, "same_place": True}
+        return fields
+
+    def say_stall(self, fields: dict[str, Any]) -> None:
+        """A judging publisher's own stall event (publisher/detectors/stall_events.py): ``hang`` from
+        the rank outside the collective, updated while it lasts; ``collective_wait`` from one waiting
+        in it, said once."""
+        verdict = stall.judge(fields)
+        now = time.monotonic()
+        recent = self.said is not None and (verdict.state == stall.WAITING
+                                            or now - self.said[0] < EPISODE_UPDATE_S)
+        if not (self.watchdog.judging and verdict.stalled) or recent:
+            return
+        count = self.said[1] + 1 if self.said else 1
+        self.said = (now, count)
+        if verdict.state == stall.WAITING:
+            kind, severity = "collective_wait", "info"
+            text = (f"rank {self.rank} waits {verdict.stalled_s:.0f} s in {verdict.innermost}, called from "
+                    f"{verdict.where}: another rank has not joined the collective; this rank is not stuck "
+                    "itself")
+        else:
+            kind, severity = "hang", verdict.severity() or "warning"
+            text = (f"rank {self.rank} stuck for {verdict.stalled_s:.0f} s in {verdict.where}: blocked "
+                    f"(0% CPU, no I/O, in one place); rank {self.rank} is outside any collective, so the "
+                    "other ranks wait for it in their next one")
+        details = {"state": verdict.state, "stalled_s": round(verdict.stalled_s, 1),
+                   "threshold_s": verdict.threshold_s, "where": verdict.where, "innermost": verdict.innermost,
+                   "in_collective": verdict.in_collective, "cpu_share": 0.0, "io_bytes_per_s": 0,
+                   "same_place": True, "rank": self.rank, "world_size": self.world_size, "step": self.step,
+                   "stack": list(verdict.stack),
+                   "likely_causes": ["another rank is late, stuck or gone",
+                                     "ranks call different collectives",
+                                     "a network or NCCL failure between the nodes"]}
+        self.send("event", step=self.step, id=f"{self.rank}-stall", kind=kind, severity=severity,
+                  message=text, details=details, count=count)
 
 
 @dataclass(frozen=True)
@@ -224,6 +345,8 @@ class NodeSpec:
     ranks: int
     rate: float  # steps a second per rank
     runtime: Path
+    watchdog: Watchdog
+    world_size: int
 
     @property
     def host(self) -> str:
@@ -234,39 +357,74 @@ class NodeSpec:
 Due = tuple[float, int, float, Callable[[], None]]
 
 
-def schedule(ranks: list[SimulatedRank], rate: float) -> list[Due]:
-    """A heap: each rank's metrics, gpu and heartbeat, the ranks spread over each period as
-    independent trainings would be rather than sending all at once."""
+def schedule(ranks: list[SimulatedRank], rate: float, gpu: bool = True) -> list[Due]:
+    """A heap: each rank's metrics, gpu (unless not ``gpu``) and heartbeat, the ranks spread over
+    each period as independent trainings would be rather than sending all at once."""
     start = time.monotonic()
     events: list[Due] = []
     for rank in ranks:
         phase = rank.local_rank / len(ranks)
-        for period, action in ((1 / rate, rank.metrics), (GPU_PERIOD_S, rank.gpu),
-                               (HEARTBEAT_PERIOD_S, rank.heartbeat)):
+        sends = [(1 / rate, rank.metrics), (HEARTBEAT_PERIOD_S, rank.heartbeat)]
+        if gpu:
+            sends.append((GPU_PERIOD_S, rank.gpu))
+        for period, action in sends:
             events.append((start + phase * period, len(events), period, action))
     heapq.heapify(events)
     return events
 
 
-def send_until(stop: Event, ranks: list[SimulatedRank], rate: float, counts: Any) -> None:
-    """Send each message when it is due until ``stop``; a sender that falls behind skips ahead (a
-    slowed training sends less) rather than bursting. ``counts`` (shared): messages sent of each
-    type of :data:`PUBLISHED`, then those dropped (the PUB's queue was full)."""
-    events = schedule(ranks, rate)
+@dataclass
+class HangSignal:
+    """``--hang``: set by the benchmark to stop the ranks (the culprit outside the collective, the
+    others in it); the culprit's node writes the wall time of its last step. The ranks send no GPU
+    readings then (a hang is judged from steps and heartbeats), send what is due within
+    :data:`HANG_SLACK_S` in one wake-up, and answer snapshot requests every :data:`HANG_SERVE_S`
+    (a relay asks once, when it finds them): the most ranks on this machine."""
+
+    stop: Event
+    last_step: Any  # a shared double
+
+
+HANG_SERVE_S = 0.5
+HANG_SLACK_S = 0.05
+
+
+def send_until(stop: Event, ranks: list[SimulatedRank], rate: float, counts: Any,
+               hang: HangSignal | None = None) -> None:
+    """Send each message when it is due until ``stop``, and answer snapshot requests every
+    :data:`~publisher.wire.snapshot_gate.SERVE_INTERVAL_S`; a sender that falls behind skips ahead
+    (a slowed training sends less) rather than bursting. ``counts`` (shared): messages sent of
+    each type of :data:`PUBLISHED`, then those dropped (the PUB's queue was full). Once ``hang``
+    is set, every rank stops stepping (its heartbeats go on)."""
+    events = schedule(ranks, rate, gpu=hang is None)
+    serve_every = snapshot_gate.SERVE_INTERVAL_S if hang is None else HANG_SERVE_S
+    slack = 0.0 if hang is None else HANG_SLACK_S  # what is due this soon goes now, in one wake-up
+    next_serve = 0.0
     while not stop.is_set():
         now = time.monotonic()
-        while events[0][0] <= now:
+        if hang is not None and hang.stop.is_set() and not ranks[0].stopped:
+            for rank in ranks:
+                rank.stopped = True
+                if rank.rank == rank.watchdog.culprit:
+                    hang.last_step.value = time.time() - (now - rank.last_step_at)
+        while events[0][0] <= now + slack:
             due, order, period, action = heapq.heappop(events)
             action()
             heapq.heappush(events, (max(due + period, now), order, period, action))
+        if now >= next_serve:
+            next_serve = now + serve_every
+            for rank in ranks:
+                rank.serve()
+        node = ranks[0].node
         for index, msg_type in enumerate(PUBLISHED):
-            counts[index] = sum(rank.sent[msg_type] for rank in ranks)
-        counts[-1] = sum(rank.dropped for rank in ranks)
-        time.sleep(max(0.0, min(events[0][0] - time.monotonic(), 0.1)))
+            counts[index] = node[msg_type]
+        counts[-1] = node["dropped"]
+        time.sleep(max(0.0, min(events[0][0] - time.monotonic(), next_serve - time.monotonic(), 0.1)))
 
 
-def run_node(spec: NodeSpec, counts: Any, ready: Event, stop: Event) -> None:
-    """A simulated node (the body of its process): its ranks, registered in its runtime folder."""
+def run_node(spec: NodeSpec, counts: Any, ready: Event, stop: Event, hang: HangSignal | None = None) -> None:
+    """A simulated node (the body of its process): its ranks, registered in its runtime folder,
+    each having sent its ``run_start`` before any relay can hear it."""
     die_with_parent()
     exit_on_sigterm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the benchmark's: it stops the nodes
@@ -275,11 +433,15 @@ def run_node(spec: NodeSpec, counts: Any, ready: Event, stop: Event) -> None:
     context = zmq.Context()
     paths: list[Path] = []
     try:
-        ranks = [SimulatedRank(context, spec.index * spec.ranks + local, local, host_name())
+        node: Counter[str] = Counter()
+        ranks = [SimulatedRank(context, spec.index * spec.ranks + local, local, host_name(), spec.watchdog,
+                               spec.world_size, node)
                  for local in range(spec.ranks)]
+        for rank in ranks:
+            rank.run_start()
         paths = [rank.register() for rank in ranks]
         ready.set()
-        send_until(stop, ranks, spec.rate, counts)
+        send_until(stop, ranks, spec.rate, counts, hang)
     finally:
         for path in paths:
             unregister(path)
@@ -306,7 +468,7 @@ def relay_env(runtime: Path, host: str) -> dict[str, str]:
     return env
 
 
-def started(process: subprocess.Popen[bytes], log: Path, timeout_s: float = 15.0) -> bool:
+def started(process: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> bool:
     """Whether the relay said where viewers connect (False: it exited, e.g. its port was taken)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -332,6 +494,21 @@ def start_root(fleet: Fleet, folder: Path) -> tuple[str, subprocess.Popen[bytes]
 
 
 # ------------------------------------------------------------------------------------ viewer
+
+
+@dataclass(frozen=True)
+class HeardEvent:
+    """An event as the viewer at the root heard it: when (this process's wall clock), about whom,
+    from whom (``by``: a relay; None: the rank's own publisher), how loud, its size."""
+
+    at: float
+    kind: str
+    severity: str
+    rank: int
+    host: str
+    by: str | None
+    message: str
+    size: int
 
 
 @dataclass
@@ -366,6 +543,8 @@ class Viewer:
         self.counting = False
         self.gaps_are_losses = types is None  # a SUB that filters sees gaps where it filtered
         self.tally = Tally()
+        self.events: list[HeardEvent] = []  # every event heard, counting or not
+        self.starts: set[int] = set()  # ranks whose run_start was heard
 
     def drain(self) -> None:
         while True:
@@ -382,6 +561,11 @@ class Viewer:
             if self.counting:
                 self.tally.malformed += 1
             return
+        if message["type"] == "event":
+            self.events.append(HeardEvent(now, message["kind"], message["severity"], message["rank"],
+                                          message["host"], message.get("by"), message["message"], len(frame)))
+        elif message["type"] == "run_start":
+            self.starts.add(message["rank"])
         if not numbered_by_sender(message):
             self.hosts.add(message["host"])
             if self.counting:
@@ -467,24 +651,30 @@ def cpu_seconds(process: psutil.Process) -> tuple[float, float]:
     return times.user + times.system, main
 
 
-def start_nodes(fleet: Fleet, folder: Path, setup: Setup) -> list[Any]:
+def start_nodes(fleet: Fleet, folder: Path, setup: Setup, watchdog: Watchdog | None = None,
+                hang: HangSignal | None = None) -> list[Any]:
     """The simulated node processes, each registered and sending; their shared counters (see
     :func:`send_until`). Forked before this process opens any ZeroMQ socket (a ZeroMQ context does
-    not survive a fork)."""
+    not survive a fork). ``watchdog``: what their heartbeats say (by default: judging publishers
+    at the threshold of their step rate, nobody stopping)."""
     context = mp.get_context("fork")
     fleet.stop_nodes = context.Event()
+    watchdog = watchdog or Watchdog(stall.threshold_s(1 / setup.rate))
     counters = []
     for index in range(setup.nodes):
-        spec = NodeSpec(index, setup.ranks, setup.rate, folder / f"node{index}")
+        spec = NodeSpec(index, setup.ranks, setup.rate, folder / f"node{index}", watchdog,
+                        setup.nodes * setup.ranks)
         counts, ready = context.RawArray("q", len(PUBLISHED) + 1), context.Event()
-        process = context.Process(target=run_node, args=(spec, counts, ready, fleet.stop_nodes),
+        process = context.Process(target=run_node, args=(spec, counts, ready, fleet.stop_nodes, hang),
                                   name=f"tuimon-scale-{spec.host}", daemon=True)
         process.start()
         fleet.nodes.append(process)
-        if not ready.wait(timeout=30):
-            raise RuntimeError(f"simulated {spec.host} did not start (exit code {process.exitcode})")
-        counters.append(counts)
-    return counters
+        counters.append((counts, ready))
+    deadline = time.monotonic() + 30 + setup.nodes  # they start together, sharing the machine
+    for (_, ready), process in zip(counters, fleet.nodes, strict=True):
+        if not ready.wait(timeout=max(deadline - time.monotonic(), 0.0)):
+            raise RuntimeError(f"simulated {process.name} did not start (exit code {process.exitcode})")
+    return [counts for counts, _ in counters]
 
 
 def start_tree(fleet: Fleet, folder: Path, nodes: int) -> tuple[str, subprocess.Popen[bytes]]:
@@ -666,20 +856,169 @@ def summary(rows: list[Row]) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------ a hang
+
+
+@dataclass
+class HangResult:
+    """What the root said while the job hung: the events heard after the ranks stopped."""
+
+    setup: Setup
+    watchdog: Watchdog
+    last_step: float  # wall time of the culprit's last step
+    events: list[HeardEvent]
+    starts: int  # ranks whose run_start reached the root
+    watched_s: float
+    root_cpu: float
+    node_relay_cpu: list[float]
+    machine_cpu: float
+
+    @property
+    def culprit(self) -> int:
+        assert self.watchdog.culprit is not None
+        return self.watchdog.culprit
+
+    @property
+    def host(self) -> str:
+        return f"node{self.culprit // self.setup.ranks}"
+
+    def named(self) -> HeardEvent | None:
+        """The first ``hang`` about the culprit (its own, or a relay's)."""
+        return next((e for e in self.events if e.kind == "hang" and e.rank == self.culprit), None)
+
+    def relay_word(self) -> HeardEvent | None:
+        """The first thing a relay said about the culprit."""
+        return next((e for e in self.events if e.by and e.rank == self.culprit), None)
+
+    def blamed(self) -> list[int]:
+        """The ranks of every warning or critical event heard."""
+        return sorted({e.rank for e in self.events if e.severity in ("warning", "critical")})
+
+
+def measure_hang(setup: Setup, watchdog: Watchdog, watch_s: float) -> HangResult:
+    """Start every process, wait until the root hears every node, warm up, then stop every rank
+    (the culprit outside the collective, the others in it) and read the root for ``watch_s``."""
+    fleet = Fleet()
+    forks = mp.get_context("fork")
+    hang = HangSignal(forks.Event(), forks.Value("d", 0.0))
+    with tempfile.TemporaryDirectory(prefix="tuimon-scale-") as tmp:
+        folder = Path(tmp)
+        context: zmq.Context | None = None
+        try:
+            began = time.monotonic()
+            start_nodes(fleet, folder, setup, watchdog, hang)
+            print(f"  {setup.nodes} simulated nodes up after {time.monotonic() - began:.0f} s",
+                  file=sys.stderr)
+            root, root_process = start_tree(fleet, folder, setup.nodes)
+            context = zmq.Context()
+            viewer = Viewer(context, [root], JOB_TYPES)
+            hosts = {f"node{i}" for i in range(setup.nodes)}
+            logs = sorted(folder.glob("*.log"))
+            wait_for_hosts([(viewer, hosts)], timeout_s=60 + 3 * setup.nodes, logs=logs)
+            print(f"  every node heard at the root after {time.monotonic() - began:.0f} s", file=sys.stderr)
+            pump([viewer], setup.warm_up)
+            relays = [psutil.Process(p.pid) for p in fleet.relays]
+            before = {p.pid: (time.monotonic(), *cpu_seconds(p)) for p in relays}
+            psutil.cpu_percent(None)
+            heard = len(viewer.events)
+            hang.stop.set()
+            pump([viewer], watch_s)
+            machine = psutil.cpu_percent(None)
+            cpu = {p.pid: cpu_percent(before[p.pid], (time.monotonic(), *cpu_seconds(p)))[0] for p in relays}
+            node_relays = [cpu[p.pid] for p in relays if p.pid != root_process.pid]
+            return HangResult(setup, watchdog, hang.last_step.value, viewer.events[heard:],
+                              len(viewer.starts), watch_s, cpu[root_process.pid], node_relays, machine)
+        finally:
+            if context is not None:
+                context.destroy(linger=0)
+            fleet.stop()
+
+
+def hang_report(result: HangResult) -> list[str]:
+    """Who was named, when, by whom; who else was blamed; what it cost the root."""
+    setup, watchdog = result.setup, result.watchdog
+    ranks = setup.nodes * setup.ranks
+    kind = "judging publishers (today's)" if watchdog.judging else "older publishers (the root judges)"
+    lines = [f"hang: {ranks:,} ranks ({setup.nodes} nodes x {setup.ranks}), {kind}, threshold "
+             f"{watchdog.threshold_s:g} s; rank {result.culprit} ({result.host}) stops in fetch_batch "
+             f"(data.py:4), the others wait in all_reduce"]
+
+    def said(event: HeardEvent) -> str:
+        who = f"the relay {event.by}" if event.by else "its own publisher"
+        return (f"after {event.at - result.last_step:.1f} s by {who}: {event.kind} {event.severity} "
+                f"\"{event.message[:140]}\"")
+
+    named = result.named()
+    if named is None:
+        lines.append(f"named: NOBODY within {result.watched_s:g} s  MISSED")
+    else:
+        late = named.at - result.last_step > TARGET_NAMED_S
+        lines.append(f"named: rank {named.rank} on {named.host} {said(named)}; target <= {TARGET_NAMED_S:g} s"
+                     + ("  MISSED" if late or named.rank != result.culprit else ""))
+    word = result.relay_word()
+    lines.append(f"the root's word on it: {said(word) if word else 'none'}")
+    blamed = result.blamed()
+    lines.append("blamed (warning or critical): " + (f"rank {blamed[0]} only" if blamed == [result.culprit]
+                                                     else ", ".join(map(str, blamed)) or "nobody"))
+    kinds = Counter(e.kind for e in result.events)
+    size = sum(e.size for e in result.events)
+    lines.append(f"run_starts at the root: {result.starts:,} of {ranks:,}; events at the root in "
+                 f"{result.watched_s:g} s: {len(result.events):,} ({size / result.watched_s / 1e6:.2f} MB/s: "
+                 + ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items())) + ")")
+    relays = result.node_relay_cpu
+    lines.append(f"CPU during the hang, % of one core: root {result.root_cpu:.1f}, node relays "
+                 f"{statistics.fmean(relays):.1f} mean / {max(relays):.1f} max; machine "
+                 f"{result.machine_cpu:.0f} % of all cores")
+    return lines
+
+
+def run_hang(args: argparse.Namespace) -> int:
+    nodes = int(args.nodes)
+    ranks = nodes * args.ranks_per_node
+    culprit = args.hang_rank if args.hang_rank is not None else ranks * 2 // 3 + 1
+    if not 0 <= culprit < ranks:
+        raise SystemExit(f"--hang-rank {culprit} is not a rank of {ranks}")
+    watchdog = Watchdog(stall.threshold_s(1 / args.rate), args.publishers == "judging", culprit)
+    setup = Setup(nodes, args.ranks_per_node, args.rate, True, JOB_TYPES, args.warm_up, args.seconds)
+    print(f"{os.cpu_count()} CPUs shared by every process; {args.rate:g} steps/s a rank; the viewer at the "
+          "root takes what a job view takes", flush=True)
+    for line in hang_report(measure_hang(setup, watchdog, args.seconds)):
+        print(line, flush=True)
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--nodes", default="1,4,16,32", help="tree sizes (nodes), comma-separated")
-    parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks (PUB sockets) a node")
-    parser.add_argument("--rate", type=float, default=10.0, help="metrics messages a second a rank")
+    parser.add_argument("--nodes", help="tree sizes (nodes), comma-separated (default 1,4,16,32; "
+                        "with --hang one size, default 64)")
+    parser.add_argument("--ranks-per-node", type=int, help="ranks (PUB sockets) a node (default 8; with "
+                        "--hang 64)")
+    parser.add_argument("--rate", type=float, help="metrics messages a second a rank (default 10; with "
+                        "--hang 2: a 5 s stall threshold)")
     parser.add_argument("--view", choices=sorted(VIEWS), default="all",
                         help="what the viewers subscribe to: everything, or what a job-wide view needs")
     parser.add_argument("--warm-up", type=float, default=3.0, help="seconds before each window")
-    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of each measurement window")
+    parser.add_argument("--seconds", type=float, help="seconds of each measurement window (default 10; "
+                        "with --hang, how long the root is read after the ranks stop: 15)")
     parser.add_argument("--quick", action="store_true", help="nodes 1,4, 1 s warm-up, 3 s windows (~20 s)")
+    parser.add_argument("--hang", action="store_true",
+                        help="instead: one rank stops outside the collective while the others wait in it; "
+                        "who the root names, when, and who else it blames")
+    parser.add_argument("--hang-rank", type=int, help="the rank that stops (default: two thirds in)")
+    parser.add_argument("--publishers", choices=("judging", "older"), default="judging",
+                        help="with --hang: the ranks judge their own stalls and say so (today's publisher), "
+                        "or their heartbeats only say where they are (older ones: the root judges)")
     args = parser.parse_args(argv)
+    hang = args.hang
+    args.nodes = args.nodes or ("64" if hang else "1,4,16,32")
+    args.ranks_per_node = args.ranks_per_node or (64 if hang else 8)
+    args.rate = args.rate or (2.0 if hang else 10.0)
+    args.seconds = args.seconds or (15.0 if hang else 10.0)
     if args.quick:
         args.nodes, args.warm_up, args.seconds = "1,4", 1.0, 3.0
+    if hang and "," in args.nodes:
+        parser.error("--hang takes one size: --nodes N")
     return args
 
 
@@ -720,7 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
     try:
-        return run_all(args)
+        return run_hang(args) if args.hang else run_all(args)
     except KeyboardInterrupt:
         print("interrupted: every process stopped", file=sys.stderr)
         return 130

@@ -92,9 +92,11 @@ class Monitor:
     ``memory_interval_s``: how often host and CUDA memory are read at least (0: every step); they
     are also read every few steps (:data:`~publisher.readings.memory.DEFAULT_EVERY_STEPS`).
     ``hang_after_s``: seconds without a step after which the thread that calls :meth:`step`
-    counts as stalled, and heartbeats carry its Python stack and whether it waits in a
-    collective (:mod:`publisher.threads.watchdog`); None (the default) for max(5 s, 10 typical
-    steps). Heartbeats carry ``stalled_s`` from the first step on either way.
+    counts as stalled (:mod:`publisher.wire.stall`): stuck (a ``hang`` event), busy elsewhere
+    (``busy_pause``) or waiting in a collective (``collective_wait``), named by where it is
+    (:mod:`publisher.threads.watchdog`); None (the default) for max(5 s, 10 typical steps).
+    Heartbeats carry ``stalled_s`` from the first step on either way, and the thread's stack from
+    half the threshold on.
     """
 
     def __init__(

@@ -4,7 +4,8 @@ A Monitor is a thin façade over the training thread's reads (:mod:`publisher.mo
 feeds is built here: the publisher (socket, recording, registry), the GPU source and its sampler
 thread, the reporter and its detectors (:mod:`publisher.reporter`, which publishes what the run
 says), the step worker thread, the layer sampler, the invariant checker and the hang watchdog
-(whose findings ride on the publisher's heartbeats). Building them is order-sensitive
+(whose readings ride on the publisher's heartbeats, and whose verdicts become events:
+:mod:`publisher.detectors.stall_events`). Building them is order-sensitive
 (``run_start`` goes out before the invariant checker announces its first statuses, a failed bind
 must release the GPU source), so the order is written once, here, and so is the order of closing.
 """
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from publisher.detectors import Detector, default_detectors
+from publisher.detectors.stall_events import StallEvents
 from publisher.invariants import InvariantConfig
 from publisher.invariants.link import InvariantLink
 from publisher.readings.identity import local_rank
@@ -58,7 +60,8 @@ class MonitorParts:
         hang_after_s: float | None = None,
     ) -> None:
         # Checks its setting; its thread starts once everything else is built.
-        self.watchdog = HangWatchdog(timer, after_s=hang_after_s, on_error=errors.failed)
+        self.watchdog = HangWatchdog(timer, after_s=hang_after_s, world_size=world_size,
+                                     on_error=errors.failed)
         # GPUs are the node's: only local rank 0 reads them.
         self.gpu_source: GpuSource | None = open_gpu_source(gpu) if local_rank() == 0 else None
         try:
@@ -92,7 +95,9 @@ class MonitorParts:
             if isinstance(self.gpu_source, SimulatedSource):
                 self.gpu_source.follow(timer.busy)
             self.sampler = GpuSampler(self.gpu_source, self.reporter.publish_gpu, gpu_interval).start()
-        self.watchdog.start()
+        self.stalls = StallEvents(self.reporter.detectors.tracker, rank=rank, world_size=world_size,
+                                  current_step=current_step)
+        self.watchdog.start(self.stalls)
 
     def closers(self, status: str, error: str | None) -> list[Callable[[], None]]:
         """What closing does, in order: stop the hang watchdog (closing is no stall), settle the

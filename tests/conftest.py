@@ -25,7 +25,8 @@ for _size in ("COLUMNS", "LINES"):
 #: Modules that measure time on this machine (detection delays against their budgets, healthy runs
 #: that must not look slow, waits for a CPU): marked ``solo``, which ``make test`` runs alone after
 #: the rest has run in two processes, so that another test's work is not what they measure.
-SOLO_MODULES = frozenset({"test_faults", "test_invariants", "test_invariants_ddp", "test_cpu_wait"})
+SOLO_MODULES = frozenset({"test_faults", "test_invariants", "test_invariants_ddp", "test_cpu_wait",
+                          "test_stalls"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

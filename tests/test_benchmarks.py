@@ -5,9 +5,12 @@ here; speed is the benchmarks' business."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -22,3 +25,24 @@ def test_the_ingest_benchmark_measures_key_presses_and_the_screen() -> None:
     (row,) = parse_rows(done.stdout).values()
     assert row.absorbed > 0 and row.lost == 0
     assert math.isfinite(row.key_p95_ms) and math.isfinite(row.delay_p95_s), done.stdout
+
+
+@pytest.mark.parametrize("publishers", ["judging", "older"])
+def test_the_scale_benchmark_names_the_rank_outside_the_collective_and_blames_nobody_else(
+    publishers: str,
+) -> None:
+    """`scale.py --hang` at a small scale (2 nodes x 4 ranks, real relay processes): the rank that
+    stops outside the collective is named with its host within 10 s, by its own publisher when it
+    judges itself, else by the root; nobody else is blamed; every rank's start reached the root."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--hang", "--nodes", "2",
+                           "--ranks-per-node", "4", "--rate", "5", "--warm-up", "1", "--seconds", "9",
+                           "--publishers", publishers],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    named = re.search(r"^named: rank (\d+) on (\S+) after ([\d.]+) s by (.+?):", done.stdout, flags=re.M)
+    assert named is not None, done.stdout
+    rank, host, seconds, by = int(named[1]), named[2], float(named[3]), named[4]
+    assert (rank, host) == (6, "node1") and seconds < 10, done.stdout
+    assert by == ("its own publisher" if publishers == "judging" else "the relay root@root"), done.stdout
+    assert "blamed (warning or critical): rank 6 only" in done.stdout
+    assert "run_starts at the root: 8 of 8" in done.stdout

@@ -516,3 +516,61 @@ async def test_a_small_terminal_shows_one_panel_at_a_time_with_every_message_who
         await pilot.pause(0.2)
         assert shown() == {"gpus", "chart", "invariants-panel", "events-panel"}
         assert "v" not in {key for key, b in app.screen.active_bindings.items() if b.binding.show}
+
+
+async def test_the_header_says_where_a_stalled_run_waits_until_its_steps_resume() -> None:
+    """Two ranks: rank 1 blocks in its data fetch, rank 0 waits in the all-reduce. The header names
+    rank 1 with its function and line, from the heartbeats' stall fields (the one verdict of
+    publisher/wire/stall.py), says one rank waits for it, counts the seconds, and clears when the
+    steps resume."""
+    from helpers.runs import T0, decoded
+    from helpers.sources import FedSource
+
+    from tuimon.sink import Batch
+    from tuimon.store import Store
+
+    clock = [T0]
+    store = Store(clock=lambda: clock[0])
+    ranks = [RunBuilder("gloo", rank) for rank in (0, 1)]
+    fetching = ["/home/u/train.py:40 train", "/home/u/train.py:4 fetch_batch"]
+    waiting = ["/home/u/train.py:44 train",
+               "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:2800 all_reduce"]
+
+    def deliver(make: Callable[[RunBuilder], dict[str, object]]) -> None:
+        for builder in ranks:
+            builder.ts = clock[0]
+        store.deliver(Batch([decoded(make(builder)) for builder in ranks]))
+
+    def beat(builder: RunBuilder, step: int, stalled_s: float) -> dict[str, object]:
+        stuck = builder.rank == 1
+        fields = {"stalled_s": stalled_s, "stall_after_s": 5.0}
+        if stalled_s >= 2.5:
+            fields |= {"stack": fetching if stuck else waiting, "in_collective": not stuck, "cpu_share": 0.0,
+                       "io_bytes_per_s": 0, "same_place": True}
+        return builder.message("heartbeat", step=step, snapshot="tcp://127.0.0.1:1", stats={}, **fields)
+
+    deliver(RunBuilder.run_start)
+    for step in range(1, 21):
+        clock[0] += 0.1
+        deliver(lambda builder, step=step: builder.metrics(step, loss=1.0 / step))
+    deliver(lambda builder: beat(builder, 20, 0.05))
+    app = TuimonApp(FedSource(store))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for_screen(pilot, lambda: shown_step(app) == 20, what="step 20")
+        assert "stuck" not in text(app, "#header")
+        for stalled in (1.0, 3.0, 4.0):  # under the threshold: nothing said yet
+            clock[0] += 1.0
+            deliver(lambda builder, s=stalled: beat(builder, 20, s))
+        await pilot.pause(0.3)
+        assert "stuck" not in text(app, "#header") and "waiting" not in text(app, "#header")
+        clock[0] += 8.0
+        deliver(lambda builder: beat(builder, 20, 12.0))
+        stalled = "⚠ rank 1 stuck 12 s in fetch_batch (train.py:4), 1 waiting for it"
+        await wait_for_screen(pilot, lambda: stalled in text(app, "#header"), what="the stall in the header")
+        clock[0] += 1.0  # no heartbeat yet: the seconds go on
+        await wait_for_screen(pilot, lambda: "stuck 13 s in fetch_batch" in text(app, "#header"),
+                              what="the stall counted on")
+        clock[0] += 0.5
+        deliver(lambda builder: builder.metrics(21, loss=0.04))
+        await wait_for_screen(pilot, lambda: "stuck" not in text(app, "#header"), what="the stall cleared")
+        assert shown_step(app) == 21 and "● LIVE" in text(app, "#header")

@@ -15,6 +15,9 @@ import pytest
 
 from publisher.wire.protocol import decode, read_number
 
+#: Speed events the machine's own load can raise in any run (docs/detectors.md, "throughput_drop").
+MACHINE_SPEED_KINDS = frozenset({"throughput_drop", "step_time_outlier", "data_bottleneck"})
+
 
 @pytest.fixture
 def demo_env(tmp_path: Path) -> dict[str, str]:
@@ -62,7 +65,10 @@ def test_the_demo_trains_for_real_and_walks_through_its_incidents(
     events = [m for m in messages if m["type"] == "event"]
     first_of_kind = {}
     for event in events:
-        first_of_kind.setdefault(event["kind"], event)
+        # What the machine does to the run's speed is no incident of the demo's script: a loaded CI
+        # machine (another job's processes) can slow a run of 2 ms steps for real, and say so.
+        if event["kind"] not in MACHINE_SPEED_KINDS:
+            first_of_kind.setdefault(event["kind"], event)
     assert list(first_of_kind) == ["loss_spike", "nonfinite_loss", "gpu_imbalance", "gpu_throttle"]
     nan_step = first_of_kind["nonfinite_loss"]["step"]
     assert math.isnan(losses[nan_step - 1]), "the event points at the step whose loss was NaN"

@@ -479,6 +479,21 @@ def test_a_slowdown_from_waiting_for_a_cpu_is_not_the_loops_own_until_it_lasts()
     assert "other processes are taking the CPUs" in found[0][1].message
 
 
+def test_a_pause_is_no_slowdown_and_the_cpu_wait_reading_over_it_is_left_out() -> None:
+    """A busy 8 s validation pass every 60 steps of 50 ms, on a machine where the loop waits for a
+    CPU a little over half the time: the pause's reading (its own torch threads made the training
+    thread wait 70 % of it) once filled the 10 s contention window at the first pass and raised
+    throughput_drop at every pass. Pauses (publisher.wire.stall.pause_s) count in no test; the
+    steps around them (7 s in all) are too short to judge contention on."""
+    times = [8.0 if i % 60 == 59 else 0.05 for i in range(150)]
+    waits = [0.7 if i % 60 == 59 else 0.55 for i in range(150)]
+    assert run_steps(ThroughputDrop(), with_cpu_wait(times, waits, every=1)) == []
+    longer = [8.0 if i % 60 == 59 else 0.05 for i in range(300)]  # 14 s of steps: that is contention
+    found = run_steps(ThroughputDrop(), with_cpu_wait(longer, [0.55] * 300, every=1))
+    assert found and {f.details.get("test") for _, f in found} == {"cpu contention"}
+    assert found[0][0] > 200 and found[0][1].details["seconds"] < 12, "judged on the steps alone"
+
+
 def test_more_work_per_step_at_the_same_throughput_is_no_slowdown() -> None:
     """Longer sequences: 4x the tokens per step, 4x the step time, the same tokens per second."""
     short = [{"step_time": 0.01, "tokens_per_s": 512 / 0.01}] * 100

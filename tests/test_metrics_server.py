@@ -82,6 +82,9 @@ def test_a_scrape_shows_each_ranks_latest_figures_gpus_and_events_counted_once_a
         publisher.publish("event", step=21, id="e1", count=2, **event)  # the same episode, repeated
         nan = {**event, "severity": "critical", "kind": "nan_loss"}
         publisher.publish("event", step=21, id="e2", count=1, **nan)
+        hang = {**event, "kind": "hang", "message": "stuck"}
+        publisher.publish("event", step=21, id="e3", count=1, **hang)
+        publisher.publish("event", step=21, id="e3", count=2, **{**hang, "severity": "critical"})  # it lasts
         gpu = {"index": 1, "name": "GPU", "util": 97.0, "mem_used": 60 * 2**30, "mem_total": 80 * 2**30,
                "temp_c": 71.0, "power_w": 612.5}
         publisher.publish("gpu", step=21, simulated=True, devices=[gpu])
@@ -89,8 +92,9 @@ def test_a_scrape_shows_each_ranks_latest_figures_gpus_and_events_counted_once_a
         publisher.publish("metrics", step=21, metrics=last)
         samples = scrape_until(port, lambda samples: value(samples, "tuimon_step", **rank) == 21, "step 21")
         critical = {"run": "scraped", "kind": "nan_loss", "severity": "critical"}
-        counted = scrape_until(port, lambda samples: value(samples, "tuimon_events_total", **critical) == 1,
-                               "the second episode")
+        escalated = {"run": "scraped", "kind": "hang", "severity": "critical"}
+        counted = scrape_until(port, lambda samples: value(samples, "tuimon_events_total", **escalated) == 1,
+                               "the last episode, escalated")
     finally:
         publisher.close()
 
@@ -103,6 +107,10 @@ def test_a_scrape_shows_each_ranks_latest_figures_gpus_and_events_counted_once_a
     assert value(samples, "tuimon_gpu_temperature_celsius", **rank, gpu="1") == 71.0
     spikes = {"run": "scraped", "kind": "loss_spike", "severity": "warning"}
     assert value(counted, "tuimon_events_total", **spikes) == 1  # e1 twice: one episode
+    assert value(counted, "tuimon_events_total", **critical) == 1
+    hangs = {"run": "scraped", "kind": "hang"}
+    assert value(counted, "tuimon_events_total", **hangs, severity="warning") == 1
+    assert value(counted, "tuimon_events_total", **hangs, severity="critical") == 1, "escalated: heard again"
 
 
 def test_malformed_frames_are_counted_by_reason_and_the_rest_still_served(

@@ -246,3 +246,38 @@ def test_node_summaries_make_one_cell_per_gpu_or_rank_and_a_loss_band_across_nod
     store.deliver(Batch([silent], received=1))
     assert store.run_view("job").health == "stale"
     assert store.job_view("other") is None
+
+
+def test_a_job_seen_through_summaries_shows_the_rank_the_others_wait_for() -> None:
+    """Behind a relay the viewer hears most ranks only through their nodes' summaries: the beats'
+    stall fields give the same verdict as the heartbeats would (publisher/wire/stall.py), the rank
+    outside the collective first, and a newer step clears it."""
+    from publisher.wire.protocol import decode, encode, make_message
+
+    clock = Clock()
+    store = Store(clock=clock)
+    waiting = ["/u/train.py:44 train",
+               "/venv/lib/python3.11/site-packages/torch/distributed/x.py:9 all_reduce"]
+
+    def summary(step: int, beats: list[dict]) -> dict:
+        body = {"node": "a", "ranks": [0, 1, 2], "steps": [step] * 3, "metrics": {}, "beats": beats}
+        return decode(encode(make_message("summary", run="job", rank=0, host="a", ts=clock.now, seq=step,
+                                          **body)))
+
+    def beat(stalled_s: float, stack: list[str], in_collective: bool) -> dict:
+        return {"silent_s": 0.2, "stalled_s": stalled_s, "stall_after_s": 5.0, "stack": stack,
+                "in_collective": in_collective, "cpu_share": 0.0, "same_place": True}
+
+    store.deliver(Batch([summary(9, [{"silent_s": 0.1, "stalled_s": 0.1, "stall_after_s": 5.0}] * 3)]))
+    assert store.run_view("job").stall is None
+    clock.now += 7
+    store.deliver(Batch([summary(9, [beat(7.0, waiting, True), beat(7.0, ["/u/data.py:4 fetch"], False),
+                                     beat(7.0, waiting, True)])]))
+    view = store.run_view("job")
+    assert view.stall is not None
+    assert (view.stall_rank, view.stall.state, view.stall_waiting) == (1, "stuck", 2)
+    assert view.stall.where == "fetch (data.py:4)"
+    clock.now += 2  # heard 2 s ago: the seconds go on
+    assert round(store.run_view("job").stall.stalled_s) == 9
+    store.deliver(Batch([summary(10, [{"silent_s": 0.1, "stalled_s": 0.0, "stall_after_s": 5.0}] * 3)]))
+    assert store.run_view("job").stall is None, "steps resumed"

@@ -14,7 +14,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
+from publisher.measure.budget import StepClock
 from publisher.readings.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
+from publisher.wire.stall import pause_s
 
 _MIB = 1024 * 1024
 #: The longer span of memory readings (up to ``history``) is judged on every this-many-th reading.
@@ -48,8 +50,11 @@ class ThroughputDrop(Detector):
 
     Judged once ``warmup`` (10) steps are past, on the loop's *own* time: the share spent waiting
     for a CPU (``cpu_wait``, :mod:`publisher.readings.cpu_wait`) is taken out of the step time.
-    After ``baseline`` slow steps the slow level is the new normal and the episode ends. Why these
-    tests and numbers, and what they were measured on: docs/detectors.md, "``throughput_drop``".
+    After ``baseline`` slow steps the slow level is the new normal and the episode ends. A step
+    that holds a pause (:func:`publisher.wire.stall.pause_s`: half the stall threshold, 2.5 s at
+    least; a validation pass, a checkpoint, a stall, which the stall events report) counts in none
+    of the tests, nor does the CPU-wait reading that covers it. Why these tests and numbers, and
+    what they were measured on: docs/detectors.md, "``throughput_drop``".
     """
 
     quiet_to_close = 20
@@ -83,12 +88,18 @@ class ThroughputDrop(Detector):
         self._waits: deque[tuple[float, float]] = deque()
         self._waits_s = 0.0
         self._since_reading = 0.0
+        # Pauses: the typical step they are measured against, and whether the CPU-wait reading to
+        # come still covers one (a pause on a step that carried no reading).
+        self._clock = StepClock()
+        self._skip_reading = False
 
     def _reset_streak(self) -> None:
         self._streak = []
         self._streak_s = 0.0
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
+        if self._paused(metrics):
+            return ()
         contended = self._contention(step, metrics)
         rate = _rate(metrics)
         if rate is None:
@@ -102,12 +113,28 @@ class ThroughputDrop(Detector):
         own = rate[1] / (1.0 - self._wait)  # the rate had the thread not waited for a CPU
         return (*contended, *(self._jump(step, 1.0 / own, metrics) or self._drop(step, own, metrics)))
 
+    def _paused(self, metrics: Metrics) -> bool:
+        """Whether this step holds a pause; if so, the CPU-wait reading that covers it is left out."""
+        step_time = metrics.get("step_time")
+        if step_time is None or not math.isfinite(step_time):
+            return False
+        paused = step_time >= pause_s(self._clock.seconds)
+        self._clock.observe(step_time)
+        if paused:
+            self._since_reading = 0.0
+            self._skip_reading = "cpu_wait" not in metrics
+        return paused
+
     def _contention(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         step_time = metrics.get("step_time")
         if step_time is not None and math.isfinite(step_time):
             self._since_reading += step_time
         wait = metrics.get("cpu_wait")
         if wait is None or not math.isfinite(wait):
+            return ()
+        if self._skip_reading:  # it covers a pause
+            self._skip_reading = False
+            self._since_reading = 0.0
             return ()
         # Never all of it: a thread that waited 100 % of a reading still ran for its own part.
         self._wait = min(max(wait, 0.0), 0.95)

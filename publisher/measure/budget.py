@@ -45,6 +45,20 @@ class StepClock:
         self._recent: list[float] = []
         self._count = 0
 
+    @property
+    def count(self) -> int:
+        """Steps observed so far (read from other threads: how many steps ended since a moment)."""
+        return self._count
+
+    def took(self, number: int) -> float | None:
+        """How long the step observed ``number``-th (0 for the first) took, while it is among the
+        latest :attr:`WINDOW`; None otherwise (read from other threads: the slot is checked to be
+        still that step's after it is read)."""
+        if not self._count - self.WINDOW <= number < self._count:
+            return None
+        elapsed = self._recent[number % self.WINDOW]
+        return elapsed if number > self._count - self.WINDOW else None  # not being overwritten
+
     def observe(self, elapsed: float) -> None:
         """One step took ``elapsed`` seconds."""
         if elapsed <= 0:

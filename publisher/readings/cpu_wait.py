@@ -36,8 +36,7 @@ class CpuWait:
         if self._path is None or (self._last is not None and now - self._last[0] < INTERVAL_S):
             return {}
         try:
-            with open(self._path, "rb") as stats:
-                waited = int(stats.read().split()[1])
+            waited = schedstat(self._path)[1]
         except (OSError, ValueError, IndexError):
             self._path = None
             return {}
@@ -46,3 +45,11 @@ class CpuWait:
             return {}
         share = (waited - last[1]) / 1e9 / (now - last[0])
         return {"cpu_wait": min(max(share, 0.0), 1.0)}
+
+
+def schedstat(path: str) -> tuple[int, int]:
+    """A thread's ``schedstat`` file: (nanoseconds on a CPU, nanoseconds waiting on a run queue).
+    Raises OSError, ValueError or IndexError where it cannot be read."""
+    with open(path, "rb") as stats:
+        fields = stats.read().split()
+    return int(fields[0]), int(fields[1])

@@ -2,8 +2,9 @@
 
 - ``step_worker.py``: finishes each step (publishing, the detectors) every 50 ms, so that the
   training thread only queues it;
-- ``watchdog.py``: notices when steps stop and says where the training thread is stuck, reading
-  its Python stack from outside (``stacks.py``);
+- ``watchdog.py``: notices when steps stop and says where the training thread is and whether it
+  is stuck, busy or waiting in a collective, reading its Python stack (``stacks.py``) and its CPU
+  time and I/O (``thread_usage.py``) from outside;
 - ``gpu.py``: polls the GPU source (NVML, or the simulation), so that the driver's latency never
   touches the training loop.
 

@@ -20,10 +20,14 @@ https://docs.pytorch.org/tutorials/intermediate/debug_hangs_with_flight_recorder
 rank says live whether its own innermost frames are in one, so a viewer can name "the rank outside
 the collective the others wait in". A blocking ``dist.all_reduce`` on gloo shows as
 ``torch/distributed/distributed_c10d.py ... all_reduce`` (under ``c10d_logger.py ... wrapper``) as
-the innermost Python frame, the wait itself being C++. Waits that happen outside Python frames of
-``torch.distributed`` are not recognised: DDP's gradient all-reduce finishing inside
-``loss.backward()``, NCCL work awaited by a later CUDA synchronisation (``loss.item()``), a
-``work.wait()`` on an asynchronous handle called from the user's own function.
+the innermost Python frame, the wait itself being C++. In a job of several ranks, a thread whose
+innermost Python frame is autograd's entry into its C++ engine (``loss.backward()``) is taken to
+wait there too: DistributedDataParallel reduces gradients from autograd hooks during the backward
+pass, and "when all buckets are ready, the Reducer will block waiting for all allreduce operations
+to finish", inside the engine (https://docs.pytorch.org/docs/stable/notes/ddp.html, "Internal
+Design"). Waits that happen elsewhere outside Python frames of ``torch.distributed`` are not
+recognised: NCCL work awaited by a later CUDA synchronisation (``loss.item()``), a ``work.wait()``
+on an asynchronous handle called from the user's own function.
 """
 
 from __future__ import annotations
@@ -55,6 +59,15 @@ _COLLECTIVE_NAMES = (
 )
 
 
+#: (file ending, function) of autograd's entry into its C++ engine: ``_engine_run_backward`` since
+#: torch 2.3, ``backward``/``grad`` of ``torch.autograd`` before.
+_BACKWARD = (
+    ("/torch/autograd/graph.py", "_engine_run_backward"),
+    ("/torch/autograd/__init__.py", "backward"),
+    ("/torch/autograd/__init__.py", "grad"),
+)
+
+
 @dataclass(frozen=True)
 class Stack:
     """A thread's stack as the wire carries it: ``entries`` "file:line function", innermost last."""
@@ -63,8 +76,9 @@ class Stack:
     in_collective: bool
 
 
-def capture(thread_id: int) -> Stack | None:
-    """The current stack of the thread ``thread_id`` (None when it has ended), from any other thread."""
+def capture(thread_id: int, *, in_job: bool = False) -> Stack | None:
+    """The current stack of the thread ``thread_id`` (None when it has ended), from any other thread.
+    ``in_job``: the process is one rank of several (a backward pass may wait for the others)."""
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return None
@@ -78,11 +92,16 @@ def capture(thread_id: int) -> Stack | None:
     frames.reverse()  # innermost last, as tracebacks print
     inner = [(summary.filename, summary.name) for summary in frames[-INNER_FRAMES:]]
     entries = [_entry(summary.filename, summary.lineno, summary.name) for summary in frames]
-    return Stack(_fit(entries, depth - len(entries)), in_collective(inner))
+    return Stack(_fit(entries, depth - len(entries)), in_collective(inner, in_job=in_job))
 
 
-def in_collective(inner: Sequence[tuple[str, str]]) -> bool:
-    """Whether any of these (filename, function) frames is a collective call or torch.distributed's."""
+def in_collective(inner: Sequence[tuple[str, str]], *, in_job: bool = False) -> bool:
+    """Whether any of these (filename, function) frames, innermost last, is a collective call or
+    torch.distributed's; with ``in_job``, also whether the innermost is autograd's C++ engine."""
+    if in_job and inner:
+        path, name = inner[-1][0].replace("\\", "/"), inner[-1][1]
+        if any(path.endswith(end) and name == function for end, function in _BACKWARD):
+            return True
     for filename, name in inner:
         path = filename.replace("\\", "/")
         lowered = name.lower()

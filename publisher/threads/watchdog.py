@@ -1,4 +1,5 @@
-"""``HangWatchdog``: a thread that notices when training stops stepping and says where it is stuck.
+"""``HangWatchdog``: a thread that notices when training stops stepping, and reads where and how
+the training thread is stopped.
 
 A hung rank cannot report itself: its training thread is blocked (in a collective, a data loader,
 a file system call). Heartbeats come from the publisher's own thread, so a viewer already sees that
@@ -6,19 +7,24 @@ a rank is alive but not stepping (NVIDIA Resiliency Extension's fault tolerance 
 verdict from heartbeats the training sends itself, with timeouts "calculated based on observed
 heartbeat intervals":
 https://nvidia.github.io/nvidia-resiliency-ext/fault_tolerance/integration/heartbeats.html). What
-only the process itself can add is *where* the training thread is: this thread reads the training
-thread's Python stack from the outside (:mod:`publisher.threads.stacks`) once no step has
-completed for longer than a threshold, and the heartbeat carries it
-(:meth:`HangWatchdog.heartbeat_fields`, called on the publisher's thread).
+only the process itself can add is *where* the training thread is and *what it does* there. From
+half the threshold on (:data:`publisher.wire.stall.CAPTURE_FROM`), this thread reads about once a
+second the training thread's Python stack from the outside (:mod:`publisher.threads.stacks`) and
+its CPU time and I/O (:mod:`publisher.threads.thread_usage`), so that the first judgement, at the
+threshold, already compares a few readings: blocked in one place with no CPU (stuck), working
+(busy), or waiting inside a collective (:func:`publisher.wire.stall.judge`, the one definition the
+relays and the viewer use too). Heartbeats carry the readings (:meth:`HangWatchdog.heartbeat_fields`,
+called on the publisher's thread); a listener (:class:`StallListener`, the stall events of
+:mod:`publisher.detectors.stall_events`) is told each verdict past the threshold, and when steps resume.
 
-The threshold is fixed (``after_s``) or adapts to the run: ``max(floor_s, 10 x the typical step)``,
-the typical step being the median of the recent ones (:class:`~publisher.measure.budget.StepClock`),
-so that a run of 30 s steps is not called stuck at 5 s; relays judge hangs with the same rule
-(``tuimon/relay/watch.py``). Until the second step no typical step is known and the floor applies.
+The threshold is :func:`publisher.wire.stall.threshold_s`: fixed (``after_s``) or
+``max(floor, 10 x the typical step)``, the typical step being the median of the recent ones
+(:class:`~publisher.measure.budget.StepClock`). Until the second step the floor applies.
 
 Cost while healthy: the thread wakes about once a second, reads the last step's time and the typical
-step, and sleeps again; the training thread pays one attribute store per step (:attr:`thread_id`).
-While stalled it captures at most every :data:`RECAPTURE_S` seconds.
+step, and sleeps again; the training thread pays one attribute store per step (:attr:`thread_id`:
+the kernel's id of that thread, for its CPU time, is looked up here, once per thread).
+While stalled it reads the thread about once a second (a stack walk and two small files).
 """
 
 from __future__ import annotations
@@ -28,32 +34,80 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from publisher.readings.timing import StepTimer
 from publisher.threads.stacks import Stack, capture
+from publisher.threads.thread_usage import ThreadUsage, Usage, native_id
+from publisher.wire import stall as stalls
+from publisher.wire.stall import Stall
 
 log = logging.getLogger(__name__)
 
-#: No step for this long counts as stalled at least (default threshold's floor).
-FLOOR_S = 5.0
-#: ... or for this many typical steps, when that is longer.
-TYPICAL_STEPS = 10.0
-#: How often the thread looks while training is healthy.
+#: How often the thread looks while training is healthy, and reads the thread while it is stalled.
 WAKE_S = 1.0
-#: A stalled thread's stack is read again at most this often (it may move: a rank that was sleeping
-#: may now wait in the collective).
-RECAPTURE_S = 3.0
 
 
-@dataclass(frozen=True)
-class _Report:
-    """A stack captured while the step that ended at ``step_at`` was the latest."""
+class StallListener(Protocol):
+    """Told about the stalls the watchdog watched, on the watchdog's thread."""
+
+    def stalled(self, stall: Stall) -> None:
+        """A verdict on the current stall, at each look once it is past the threshold."""
+
+    def resumed(self, length_s: float) -> None:
+        """Steps resumed after a pause watched from half the threshold on (whether or not it
+        reached the threshold), which lasted ``length_s`` seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    taken_at: float
+    stack: Stack | None
+    place: str | None  # the innermost frame of user code
+    usage: Usage | None
+
+
+@dataclass
+class _Watch:
+    """One stall, watched from half the threshold on: the step it follows and the readings of
+    the latest half threshold (one older, to measure from)."""
 
     step_at: float
-    taken_at: float
-    stack: Stack
+    steps: int
+    readings: list[_Reading] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, reading: _Reading, span_s: float) -> None:
+        readings = self.readings
+        readings.append(reading)
+        while len(readings) > 2 and readings[1].taken_at <= reading.taken_at - span_s:
+            del readings[0]
+        self.fields = self._fields()
+
+    def _fields(self) -> dict[str, Any]:
+        """The heartbeat's fields from the readings (docs/protocol.md, ``heartbeat``)."""
+        first, last = self.readings[0], self.readings[-1]
+        fields: dict[str, Any] = {}
+        if last.stack is not None:
+            fields["stack"] = list(last.stack.entries)
+            fields["in_collective"] = last.stack.in_collective
+        if len(self.readings) < 2:
+            return fields
+        places = {r.place for r in self.readings if r.stack is not None}
+        if places:
+            fields["same_place"] = len(places) == 1
+        span = last.taken_at - first.taken_at
+        if last.usage is not None and first.usage is not None and span > 0:
+            cpu, moved = last.usage.since(first.usage)
+            if cpu is not None:
+                fields["cpu_share"] = round(min(1.0, cpu / span), 3)
+            if moved is not None:
+                fields["io_bytes_per_s"] = round(moved / span)
+            workers = last.usage.children_since(first.usage)
+            if workers:
+                fields["workers_cpu"] = round(workers / span, 3)
+        return fields
 
 
 def check_after_s(value: object) -> float | None:
@@ -68,8 +122,11 @@ def check_after_s(value: object) -> float | None:
 class HangWatchdog:
     """Watches ``timer`` (the Monitor's step clock) for a stall of the thread :attr:`thread_id`.
 
-    ``after_s``: a fixed threshold in seconds, or None for ``max(floor_s, typical_steps x the
-    typical step)``. ``on_error`` is told about a failure of the watchdog itself (it carries on).
+    ``after_s``: a fixed threshold in seconds, or None for the adaptive one
+    (:func:`publisher.wire.stall.threshold_s`; ``floor_s`` is its floor, changed by tests only).
+    ``world_size``: the job's ranks (in a job of several, a backward pass may wait for the others:
+    :func:`publisher.threads.stacks.in_collective`). ``on_error`` is told about a failure of the
+    watchdog itself (it carries on).
     """
 
     def __init__(
@@ -77,58 +134,66 @@ class HangWatchdog:
         timer: StepTimer,
         *,
         after_s: float | None = None,
-        floor_s: float = FLOOR_S,
-        typical_steps: float = TYPICAL_STEPS,
+        floor_s: float = stalls.FLOOR_S,
+        world_size: int = 1,
         wake_s: float = WAKE_S,
-        recapture_s: float = RECAPTURE_S,
         on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self._timer = timer
         self._after_s = check_after_s(after_s)
         self._floor_s = floor_s
-        self._typical_steps = typical_steps
+        self._in_job = world_size > 1
         self._wake_s = wake_s
-        self._recapture_s = recapture_s
         self._on_error = on_error
         #: The training thread (``threading.get_ident()``), set by every step; None before the first.
         self.thread_id: int | None = None
-        self._report: _Report | None = None
+        self._usage: tuple[int, ThreadUsage | None] | None = None  # (thread_id, its reader)
+        self._watch: _Watch | None = None
+        self._listener: StallListener | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> HangWatchdog:
+    def start(self, listener: StallListener | None = None) -> HangWatchdog:
+        """Start watching; ``listener`` is told each verdict past the threshold and each resume."""
+        self._listener = listener
         self._thread = threading.Thread(target=self._run, name="tuimon-watchdog", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop watching (heartbeats carry nothing from here on); idempotent."""
+        """Stop watching (heartbeats carry nothing from here on); idempotent. A stall that ended
+        since the last look (the run's last steps) is told to the listener first, once the
+        watchdog's thread is gone."""
         self._stopping.set()
-        self._report = None
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(2.0)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+            watch, last = self._watch, self._timer.last_at
+            if not thread.is_alive() and watch is not None and last is not None and watch.step_at != last:
+                self._resumed(watch, last)
+        self._watch = None
 
     def threshold(self) -> float:
         """Seconds without a step after which the training thread counts as stalled."""
-        if self._after_s is not None:
-            return self._after_s
-        typical = self._timer.clock.seconds
-        return self._floor_s if typical is None else max(self._floor_s, self._typical_steps * typical)
+        return stalls.threshold_s(self._timer.clock.seconds, self._after_s, floor_s=self._floor_s)
 
     # -- the publisher's thread -------------------------------------------------------------------
 
     def heartbeat_fields(self) -> dict[str, Any]:
-        """What a heartbeat says about the training thread (docs/protocol.md): ``stalled_s`` once
-        steps have started, and ``stack`` and ``in_collective`` while it is stalled past the
-        threshold. A report older than the latest step is not sent: steps have resumed."""
+        """What a heartbeat says about the training thread (docs/protocol.md): ``stalled_s`` and
+        ``stall_after_s`` once steps have started, and from half the threshold on what the
+        watchdog read (stack, ``in_collective``, ``cpu_share``, ``io_bytes_per_s``,
+        ``same_place``). Readings older than the latest step are not sent: steps have resumed."""
         last = self._timer.last_at
         if last is None or self._stopping.is_set():
             return {}
-        fields: dict[str, Any] = {"stalled_s": round(max(0.0, time.perf_counter() - last), 3)}
-        report = self._report
-        if report is not None and report.step_at == last:
-            fields["stack"] = list(report.stack.entries)
-            fields["in_collective"] = report.stack.in_collective
+        fields: dict[str, Any] = {
+            "stalled_s": round(max(0.0, time.perf_counter() - last), 3),
+            "stall_after_s": round(self.threshold(), 3),
+        }
+        watch = self._watch
+        if watch is not None and watch.step_at == last:
+            fields.update(watch.fields)
         return fields
 
     # -- the watchdog's thread --------------------------------------------------------------------
@@ -147,17 +212,45 @@ class HangWatchdog:
 
     def _look(self) -> float:
         """One look at the training thread; returns how long to sleep before the next."""
-        last, thread_id = self._timer.last_at, self.thread_id
+        timer = self._timer
+        last, thread_id = timer.last_at, self.thread_id
         if last is None or thread_id is None:
             return self._wake_s
+        watch = self._watch
+        if watch is not None and watch.step_at != last:
+            self._watch = None
+            self._resumed(watch, last)
         now = time.perf_counter()
         stalled, threshold = now - last, self.threshold()
-        if stalled < threshold:
-            self._report = None
-            # Wake just as the threshold is crossed, so the stack is there for the next heartbeat.
-            return min(self._wake_s, threshold - stalled + 0.01)
-        report = self._report
-        if report is None or report.step_at != last or now - report.taken_at >= self._recapture_s:
-            stack = capture(thread_id)
-            self._report = None if stack is None else _Report(last, now, stack)
-        return self._wake_s
+        capture_from = stalls.CAPTURE_FROM * threshold
+        if stalled < capture_from:
+            # Wake just as reading starts, so that readings span half the threshold at the threshold.
+            return min(self._wake_s, capture_from - stalled + 0.01)
+        if watch is None or watch.step_at != last:
+            watch = self._watch = _Watch(last, timer.clock.count)
+        watch.add(self._read(thread_id, now), capture_from)
+        verdict = stalls.judge({**watch.fields, "stalled_s": stalled}, threshold)
+        if verdict.stalled and self._listener is not None:
+            self._listener.stalled(verdict)
+        return min(self._wake_s, threshold - stalled + 0.01) if stalled < threshold else self._wake_s
+
+    def _read(self, thread_id: int, now: float) -> _Reading:
+        if self._usage is None or self._usage[0] != thread_id:
+            tid = native_id(thread_id)
+            self._usage = (thread_id, ThreadUsage(tid) if tid is not None else None)
+        reader = self._usage[1]
+        usage = reader.read() if reader is not None else None
+        stack = capture(thread_id, in_job=self._in_job)
+        place = stalls.innermost(stack.entries, user=True) if stack is not None else None
+        return _Reading(now, stack, str(place) if place else None, usage)
+
+    def _resumed(self, watch: _Watch, last: float) -> None:
+        """Steps resumed after ``watch``'s pause: tell the listener how long it lasted (the step
+        that ended it, from the step clock; if over 30 steps went by since, the time to the latest
+        step less the typical steps that followed)."""
+        clock = self._timer.clock
+        length = clock.took(watch.steps)
+        if length is None:
+            length = last - watch.step_at - (clock.count - watch.steps - 1) * (clock.seconds or 0.0)
+        if self._listener is not None:
+            self._listener.resumed(max(length, 0.0))

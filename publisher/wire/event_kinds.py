@@ -39,6 +39,9 @@ EVENT_KINDS: dict[str, EventKind] = {
         # A job of many ranks (judged by the relay at the top of the tree).
         EventKind("straggler", "warning", "one rank holds the others back (data wait or compute)"),
         EventKind("hang", "critical", "the step stopped advancing while heartbeats continue"),
+        # A stall seen by the rank itself (publisher/wire/stall.py; stuck is a `hang`).
+        EventKind("collective_wait", "info", "the training thread waits in a collective for another rank"),
+        EventKind("busy_pause", "info", "the training thread is busy outside its steps (evaluation, saving)"),
         EventKind("rank_lost", "critical", "a rank or relay stopped sending heartbeats"),
         # Data.
         EventKind("duplicate_batches", "warning", "the same batches come again (across workers or epochs)"),

@@ -232,8 +232,9 @@ def _heartbeat(message: Mapping[str, Any]) -> None:
 
 
 def _watchdog_fields(fields: Mapping[str, Any], seconds: str) -> None:
-    """What a heartbeat says of the training thread (seconds stalled or silent, its stack, whether
-    it is inside a collective), in a heartbeat or in a summary's ``beats``."""
+    """What a heartbeat says of the training thread (seconds stalled or silent, its threshold, its
+    stack, whether it is inside a collective, its CPU share, I/O rate and whether it moved:
+    :data:`publisher.wire.stall.BEAT_FIELDS`), in a heartbeat or in a summary's ``beats``."""
     stalled = fields.get(seconds)
     if stalled is not None and (
         isinstance(stalled, bool) or not isinstance(stalled, int | float) or not 0 <= stalled < math.inf
@@ -248,9 +249,18 @@ def _watchdog_fields(fields: Mapping[str, Any], seconds: str) -> None:
                 f"field 'stack' must hold at most {MAX_STACK_FRAMES} entries of at most "
                 f"{MAX_STACK_ENTRY_CHARS} characters", "too large",
             )
-    in_collective = fields.get("in_collective")
-    if in_collective is not None and not isinstance(in_collective, bool):
-        raise _error("field 'in_collective' must be true, false or null")
+    for name in ("in_collective", "same_place"):
+        flag = fields.get(name)
+        if flag is not None and not isinstance(flag, bool):
+            raise _error(f"field {name!r} must be true, false or null")
+    for name, top in (("stall_after_s", math.inf), ("io_bytes_per_s", math.inf), ("workers_cpu", math.inf),
+                      ("cpu_share", 1.0)):
+        value = fields.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= top
+            or not math.isfinite(value)
+        ):
+            raise _error(f"field {name!r} must be a finite number from 0 to {top}")
 
 
 def _relay(message: Mapping[str, Any]) -> None:

@@ -10,9 +10,10 @@ between scrapes and a series whose rank ended simply stops being reported.
 Per rank (labels ``run``, ``rank``, ``host``): step, loss, learning rate, step time, data wait,
 tokens and samples a second; per GPU (plus ``gpu``): utilisation, memory, temperature, power;
 events counted by ``run``, ``kind`` and ``severity`` (one per episode: an event repeated while it
-lasts keeps its ``id``). Through a relay the per-rank figures come from the nodes' summaries (step,
-loss, step time, data wait and GPUs; the rest are not summarised). Names follow Prometheus' naming
-practice (base units, ``_total`` for counters).
+lasts keeps its ``id``; an episode that escalates, a ``hang`` turning critical, counts once more
+at its new severity, so an alert on critical events hears it). Through a relay the per-rank
+figures come from the nodes' summaries (step, loss, step time, data wait and GPUs; the rest are
+not summarised). Names follow Prometheus' naming practice (base units, ``_total`` for counters).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class LatestFigures(Sink):
         self._lock = threading.Lock()
         self._ranks: dict[RankKey, _Rank] = {}
         self.events: Counter[tuple[str, str, str]] = Counter()  # (run, kind, severity)
-        self._episodes: dict[str, set[str]] = {}
+        self._episodes: dict[str, set[tuple[str, str]]] = {}  # run -> (id, severity) heard
         self.malformed: Counter[str] = Counter()
 
     # -------------------------------------------------------------------- Sink, receiver's thread
@@ -128,10 +129,11 @@ class LatestFigures(Sink):
         episode = message.get("id")
         if isinstance(episode, str):
             seen = self._episodes.setdefault(message["run"], set())
-            if episode in seen:
+            heard = (episode, message["severity"])
+            if heard in seen:
                 return
             if len(seen) < MAX_EPISODES:
-                seen.add(episode)
+                seen.add(heard)
         self.events[(message["run"], message["kind"], message["severity"])] += 1
 
     # ------------------------------------------------------------------------- scraper's thread

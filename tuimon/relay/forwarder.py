@@ -17,7 +17,9 @@ where that is cheap:
   node's ranks are a handful of streams, so one decode a frame costs the node little; the thread
   waits on the intake with a poller, so a frame is forwarded as it comes (in one batch when many
   wait). A new publisher is one ``connect`` on that socket, which the main thread owns: the proxy
-  runs from start to stop.
+  runs from start to stop. A rank heard after its start is asked for its snapshot once, and what
+  the relay missed of it (its ``run_start``, events, invariants) joins the stream the same way
+  (:mod:`tuimon.relay.catchup`).
 - A root relay's inputs are node relays, which forward only valid frames, so its XSUB binds its
   intake and its proxy carries everything in C: the root is where the volume is (every node's
   streams). Its analysis reads a side SUB socket on its own XPUB, subscribed to the types it needs.
@@ -39,6 +41,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,14 +59,19 @@ from publisher.wire.registry import RegistryEntry, live_entries
 from tuimon.errors import UserError
 from tuimon.relay.addresses import ingest_address
 from tuimon.relay.analysis import Analysis
+from tuimon.relay.catchup import Catchup
 from tuimon.relay.proxy import Proxy
 
 log = logging.getLogger(__name__)
 
 #: Frames a relay queues per peer before ZeroMQ drops (the publishers' own high-water mark is 10,000).
 QUEUE_FRAMES = 100_000
-#: Seconds between scans of the run registry for new publishers.
+#: Seconds between looks at the run registry's folder for new publishers; its entries are read
+#: (each file parsed, each process checked alive) when the folder's names changed, else every
+#: :data:`REGISTRY_CHECK_S` (a process that died without removing its entry): reading 64 entries
+#: every second cost a node relay 8 % of a core.
 REGISTRY_SCAN_S = 1.0
+REGISTRY_CHECK_S = 10.0
 #: Publishers named in one heartbeat (a node has a handful; the count is always exact).
 MAX_LISTED = 64
 #: Seconds between two rounds of the main thread's own work (scans, beats, summaries); a root
@@ -131,6 +139,11 @@ class Relay:
         self._made: list[bytes] = []  # a node relay's own messages, for its analysis
         self._received = self._received_bytes = 0  # at a node relay's intake, malformed included
         self._watched: list[zmq.Socket] = []  # monitors of the sockets serving CURVE
+        self._catchup: Catchup | None = None  # a node relay's: the ranks it heard late, asked for their start
+        self._uplinked = upstream is None  # whether what it forwards reaches its root yet
+        self._next_uplink_check = 0.0
+        self._registry_names: frozenset[str] | None = None  # the registry folder's, when last read
+        self._registry_checked = 0.0
         self.refused = 0
         self._refusal_said_at = -math.inf
         # A node relay summarises its ranks; the top of the tree (nobody above) judges the job.
@@ -186,6 +199,12 @@ class Relay:
         else:
             self._intake = self._socket(zmq.SUB)
             self._intake.subscribe(b"")  # validated here, then filtered by the proxy's subscribers
+            # Publishers serve plain on their node's loopback; beyond it, with the job's keys.
+            self._catchup = Catchup(
+                self._context,
+                lambda address: client_keys(address, keys, explicit=False),
+                self.analysis.decoded,
+            )
         if self.upstream is not None:
             # Its own proxy: CURVE is a property of a socket, and the root link may need it while
             # the node's own viewers connect in plain on loopback.
@@ -248,6 +267,7 @@ class Relay:
                     else:
                         self.analysis.feed(_drain(self._side), now)
                     self._read_refusals()
+                    self._catch_up(now)
                     if now >= next_serve:
                         snapshot_gate.serve_requests(self._snapshots, self._gate, self._job_state)
                         next_serve = now + snapshot_gate.SERVE_INTERVAL_S
@@ -271,14 +291,33 @@ class Relay:
         self._received += len(frames)
         self._received_bytes += sum(map(len, frames))
         valid = list(self.analysis.decoded(frames))
+        self._pass(valid, now)
+        if self._catchup is not None:
+            self._catchup.heard((message for _, message in valid), now, asking=self._uplinked)
+
+    def _pass(self, valid: list[tuple[bytes, dict[str, Any]]], now: float) -> None:
+        """Checked frames into the proxy, byte for byte, and to the analysis."""
         for frame, _ in valid:
             with contextlib.suppress(zmq.Again):
                 self._own.send(frame, zmq.NOBLOCK)
         self.analysis.observe(valid, now)
 
+    def _catch_up(self, now: float) -> None:
+        """What the ranks heard late had said before (:mod:`tuimon.relay.catchup`), into the stream;
+        asked for only once the root hears this relay (its first subscription came up the uplink),
+        so that a rank's start is not sent to nobody."""
+        if self._catchup is None:
+            return
+        if not self._uplinked and self._catchup.pending and now >= self._next_uplink_check:
+            self._next_uplink_check = now + REGISTRY_SCAN_S  # a question to the proxy's thread
+            self._uplinked = self._proxies[-1].subscribed()
+        self._pass(self._catchup.missed(now), now)
+
     def _close(self) -> None:
         for proxy in self._proxies:
             proxy.stop()
+        if self._catchup is not None:
+            self._catchup.close()
         if self._guard is not None:
             self._guard.stop()
         self._context.destroy(linger=0)
@@ -311,8 +350,16 @@ class Relay:
 
     def _rescan(self) -> None:
         """Connect a node's intake to publishers that appeared in the registry, drop those that
-        went away."""
+        went away (the entries are read when the folder's names changed, or are due a check)."""
         assert self._intake is not None and self.registry_dir is not None
+        try:
+            names = frozenset(os.listdir(self.registry_dir))
+        except OSError:
+            names = frozenset()
+        now = time.monotonic()
+        if names == self._registry_names and now < self._registry_checked + REGISTRY_CHECK_S:
+            return
+        self._registry_names, self._registry_checked = names, now
         entries = {entry.pub: entry for entry in live_entries(self.registry_dir)}
         for address in [address for address in entries if address not in self._sources.found]:
             try:
@@ -320,7 +367,9 @@ class Relay:
             except zmq.ZMQError as exc:
                 log.warning("tuimon relay: cannot connect to %s (%s)", address, exc)
                 continue
-            self._sources.found[address] = entries[address]
+            entry = self._sources.found[address] = entries[address]
+            if self._catchup is not None and entry.snapshot:
+                self._catchup.addresses[(entry.run, entry.rank)] = entry.snapshot
         for address in [address for address in self._sources.found if address not in entries]:
             del self._sources.found[address]
             with contextlib.suppress(zmq.ZMQError):  # ZeroMQ may have dropped it already
@@ -358,7 +407,11 @@ class Relay:
             msg_type, run=run, rank=rank, host=host, ts=time.time(), seq=self._seq, step=step, **body
         )
         self._seq += 1
-        frame = encode_fitted(message)
+        try:
+            frame = encode_fitted(message)
+        except ValueError as exc:  # over its type's bound even without its free-form parts
+            log.warning("tuimon relay: a %s message not sent: %s", msg_type, exc)
+            return
         with contextlib.suppress(zmq.Again):  # nobody subscribed: nothing is kept for later
             self._own.send(frame, zmq.NOBLOCK)
         if self._intake is not None:

@@ -24,12 +24,14 @@ _ids = itertools.count()
 
 @dataclass
 class ProxyCounters:
-    """What a proxy moved: messages and bytes in (frontend) and out (backend)."""
+    """What a proxy moved: messages and bytes in (frontend) and out (backend), and the messages
+    its backend received (an XPUB backend's: the subscriptions of those it sends to)."""
 
     messages_in: int = 0
     bytes_in: int = 0
     messages_out: int = 0
     bytes_out: int = 0
+    backend_in: int = 0
 
     def add(self, frames: list[bytes]) -> None:
         """Add one STATISTICS reply: eight unsigned 64-bit counters (frontend in/out, backend
@@ -37,6 +39,7 @@ class ProxyCounters:
         values = [struct.unpack("=Q", frame)[0] for frame in frames]
         self.messages_in += values[0]
         self.bytes_in += values[1]
+        self.backend_in += values[4]
         self.messages_out += values[6]
         self.bytes_out += values[7]
 
@@ -82,12 +85,19 @@ class Proxy:
             raise RuntimeError(f"the relay's {self.name} did not answer {command.decode()}")
         return self._control.recv_multipart()
 
-    def statistics(self) -> dict[str, int]:
+    def counters(self) -> ProxyCounters:
         """The counters since it started (zeros while it is not running)."""
         counters = ProxyCounters()
         if self.running:
             counters.add(self._command(b"STATISTICS"))
-        return counters.as_dict()
+        return counters
+
+    def statistics(self) -> dict[str, int]:
+        return self.counters().as_dict()
+
+    def subscribed(self) -> bool:
+        """Whether its XPUB backend has had a subscription: someone hears what it forwards."""
+        return self.counters().backend_in > 0
 
     def stop(self) -> None:
         if not self.running:

@@ -8,11 +8,15 @@ interval: ``MnRtt/Rnk``, ``MxRtt/Rnk``), plus the per-rank figures a job view dr
 (step, step time, data wait, compute time) and the latest reading of each GPU. A viewer that drills into one
 rank subscribes to that rank's full stream instead (:mod:`publisher.wire.topics`).
 
-Each rank's heartbeat is folded in too (``beats``: seconds since it was last heard, and, from its
-watchdog, whether its training thread is inside a collective and its stack while stalled), so the
-relay at the top of the tree judges liveness and hangs from two summaries a node a second rather
+Each rank's heartbeat is folded in too (``beats``: seconds since it was last heard, and what its
+watchdog says of its training thread, the fields :func:`publisher.wire.stall.judge` reads), so the
+relay at the top of the tree judges liveness and stalls from two summaries a node a second rather
 than from one heartbeat a rank a second: the root of 512 nodes decodes 1,000 messages a second,
 not 5,000. The heartbeats themselves still pass through for any viewer that subscribes to them.
+A beat's ``stalled_s`` is brought up to the summary's time (0 once a newer step's metrics came),
+and its stack is cut to what a verdict reads (the innermost frame of user code and the innermost
+frame) except for a few ranks outside a collective (:data:`WHOLE_STACKS`), the ones a hang is
+about: the stacks of a node of many ranks waiting in a collective would not fit a summary.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from publisher.wire import stall
 from publisher.wire.protocol import read_number, wire_number
 
 #: Seconds between two summaries of a run (2 Hz).
@@ -31,6 +36,9 @@ DEFAULT_PERIOD_S = 0.5
 PER_RANK = ("step_time", "data_time", "compute_time", "loss")
 #: GPU readings each summary carries per device.
 GPU_FIELDS = ("util", "mem_used", "mem_total", "temp_c", "power_w", "sm_clock_mhz")
+#: Ranks of a summary whose whole stack it carries (those outside a collective first); at about
+#: 6 KB a stack, a summary of a node of any size stays well within its 256 KiB.
+WHOLE_STACKS = 8
 
 
 @dataclass
@@ -40,8 +48,10 @@ class _RankLatest:
     step: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     gpus: list[Mapping[str, Any]] = field(default_factory=list)
-    in_collective: bool | None = None
-    stack: list[str] | None = None
+    #: What its latest heartbeat said of its training thread (:data:`publisher.wire.stall.BEAT_FIELDS`),
+    #: and when it came; ``stalled_s`` is reset to 0 when a newer step's metrics come.
+    watchdog: dict[str, Any] = field(default_factory=dict)
+    watchdog_at: float = 0.0
 
 
 @dataclass
@@ -77,9 +87,12 @@ class NodeSummarizer:
         step = message.get("step")
         if isinstance(step, int) and (rank.step is None or step > rank.step):
             rank.step = step
+            if msg_type == "metrics" and "stalled_s" in rank.watchdog:  # it stepped since its heartbeat
+                rank.watchdog = {k: v for k, v in rank.watchdog.items() if k == "stall_after_s"}
+                rank.watchdog["stalled_s"], rank.watchdog_at = 0.0, now
         if msg_type == "heartbeat":
-            rank.in_collective = message.get("in_collective")
-            rank.stack = message.get("stack")
+            rank.watchdog = {name: message[name] for name in stall.BEAT_FIELDS if name in message}
+            rank.watchdog_at = now
         elif msg_type == "metrics":
             numbers = ((name, read_number(value)) for name, value in message["metrics"].items())
             rank.metrics = {name: number for name, number in numbers if number is not None}
@@ -117,18 +130,37 @@ class NodeSummarizer:
                 for number, rank in zip(ranks, latest, strict=True)
                 for device in rank.gpus
             ],
-            "beats": [_beat(rank, now) for rank in latest],
+            "beats": _beats(latest, now),
         }
 
 
-def _beat(rank: _RankLatest, now: float) -> dict[str, Any]:
-    """What the job watch needs of one rank's heartbeats (``stack`` only while it is stalled)."""
-    beat: dict[str, Any] = {"silent_s": round(max(now - rank.heard_at, 0.0), 2)}
-    if rank.in_collective is not None:
-        beat["in_collective"] = rank.in_collective
-    if rank.stack:
-        beat["stack"] = rank.stack
-    return beat
+def _beats(latest: list[_RankLatest], now: float) -> list[dict[str, Any]]:
+    """What the job watch needs of each rank's heartbeats: how long since it was heard, and its
+    watchdog's fields, ``stalled_s`` as of now, whole stacks for the first :data:`WHOLE_STACKS`
+    ranks outside a collective."""
+    outside = [rank for rank in latest
+               if rank.watchdog.get("stack") and rank.watchdog.get("in_collective") is not True]
+    whole = {id(rank) for rank in outside[:WHOLE_STACKS]}
+    beats = []
+    for rank in latest:
+        beat: dict[str, Any] = {"silent_s": round(max(now - rank.heard_at, 0.0), 2), **rank.watchdog}
+        stalled = rank.watchdog.get("stalled_s")
+        if isinstance(stalled, int | float):
+            beat["stalled_s"] = round(stalled + max(now - rank.watchdog_at, 0.0), 2)
+        stack = beat.get("stack")
+        if isinstance(stack, list) and id(rank) not in whole:
+            beat["stack"] = cut_stack(stack)
+        beats.append(beat)
+    return beats
+
+
+def cut_stack(stack: list[str]) -> list[str]:
+    """The entries a verdict reads (:func:`publisher.wire.stall.judge`): the innermost frame of
+    user code and the innermost frame, in their order."""
+    user = next((entry for entry in reversed(stack)
+                 if (frame := stall.parse_entry(entry)) is not None and frame.user), None)
+    inner = stack[-1:]
+    return [user, *inner] if user is not None and inner != [user] else inner
 
 
 def spread(ranks: list[int], values: list[float | None]) -> dict[str, Any]:

@@ -21,7 +21,6 @@ not answer within :data:`SNAPSHOT_TIMEOUT_S` is shown live only.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,9 +32,10 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from publisher.wire.curve import HANDSHAKE_FAILURES, JobKeys, client_keys, refusal
-from publisher.wire.protocol import SNAPSHOT_REQUEST, ProtocolError, decode, numbered_by_sender
+from publisher.wire.protocol import ProtocolError, decode, numbered_by_sender
 from publisher.wire.registry import live_entries
 from tuimon.sink import Batch, Malformed, Notice, Sink, Snapshot, SourceStatus
+from tuimon.sources import snapshot_client
 from tuimon.sources.subscriptions import Subscriptions
 
 #: Seconds to wait for a snapshot reply before showing the sender's live messages only.
@@ -95,6 +95,9 @@ class _Sender:
     buffer: list[dict[str, Any]] = field(default_factory=list)
     dealer: zmq.Socket | None = None
     requested_at: float | None = None
+    #: Heard from ``seq`` 0 on, but only messages a relay may have forwarded late so far: the last
+    #: ``seq`` of them (None once a message proved it is heard live, in order).
+    provisional: int | None = None
 
 
 @dataclass
@@ -221,7 +224,6 @@ class Receiver:
                 break
         self.heard = self.heard or bool(frames)
         ready: list[dict[str, Any]] = []
-        filtered: list[dict[str, Any]] = []  # from ranks whose stream a relay filters for us
         malformed: list[Malformed] = []
         wanted_run = self.wanted_run
         for frame in frames:
@@ -242,9 +244,10 @@ class Receiver:
             sender = self.senders.get(key)
             if sender is None:
                 sender = self.senders[key] = self.new_sender(key, message)
+            elif sender.provisional is not None:
+                self.check_start(key, sender, message)
             if sender.live:
-                whole = not self.subscriptions.job or self.subscriptions.focused(*key)
-                (ready if whole else filtered).append(message)
+                ready.append(message)
                 continue
             sender.buffer.append(message)
             if sender.requested_at is None and message["type"] == "heartbeat":
@@ -253,10 +256,16 @@ class Receiver:
                     self.request_snapshot(key, sender, address)
             if len(sender.buffer) > BUFFER_LIMIT:
                 self.go_live(key, sender, "too much traffic while waiting for the snapshot")
-        self.sink.deliver(Batch(ready, received=len(frames), malformed=malformed))
-        if filtered:
-            self.sink.deliver(Batch(filtered, received=0, complete=False))
+        self.sink.deliver(Batch(ready, received=len(frames), malformed=malformed, complete=self.whole))
         self.apply_topics()
+
+    @property
+    def whole(self) -> bool:
+        """Whether every sender's stream reaches us whole, so that a jump in ``seq`` is a loss.
+        Through a relay none does: the job's topics leave out most ranks' metrics, and even the
+        focused rank's stream changes topics mid-way (each focus travels up the tree while its
+        messages come down), so a jump there is the filter's, not a loss."""
+        return not self.subscriptions.job
 
     def apply_topics(self) -> None:
         """Hold the topics :attr:`subscriptions` asks for now (ZeroMQ passes the change upstream)."""
@@ -285,29 +294,42 @@ class Receiver:
     def new_sender(self, key: tuple[str, int], first: dict[str, Any]) -> _Sender:
         """A sender heard for the first time: live at once if we saw its start, else snapshot first."""
         sender = _Sender(first_seen=time.monotonic())
-        if first["seq"] == 0 or (self.subscriptions.job and not self.subscriptions.focused(*key)):
+        if self.subscriptions.job and not self.subscriptions.focused(*key):
             # Through a relay only the focused rank's history is asked for: the others are
             # summarised, and their snapshot sockets are on their own nodes.
             sender.live = True
+        elif first["seq"] == 0:
+            sender.live = True
+            if first["type"] in snapshot_client.CAUGHT_UP_TYPES:
+                sender.provisional = 0  # its start, or a relay's late copy of it: the next messages tell
         elif address := self.snapshot_addresses.get(key):
             self.request_snapshot(key, sender, address)
         return sender
+
+    def check_start(self, key: tuple[str, int], sender: _Sender, message: dict[str, Any]) -> None:
+        """Whether a sender first heard at ``seq`` 0 was in fact joined late, as ``message`` (its
+        next) says; if so it is no longer live. A node relay that found a rank after its start
+        forwards what it missed, its ``run_start`` first, after the rank's later messages
+        (tuimon/relay/catchup.py): a jump in ``seq`` while only such messages were heard means
+        they were those late copies, so the sender is joined by snapshot after all (only they were
+        applied: the snapshot repeats them). A message of another kind, in order, proves it is
+        heard live."""
+        last, seq = sender.provisional, message["seq"]
+        assert last is not None
+        in_order = seq == last + 1
+        sender.provisional = seq if in_order and message["type"] in snapshot_client.CAUGHT_UP_TYPES else None
+        if in_order or (self.subscriptions.job and not self.subscriptions.focused(*key)):
+            return
+        sender.live, sender.first_seen = False, time.monotonic()
+        if address := self.snapshot_addresses.get(key):
+            self.request_snapshot(key, sender, address)
 
     # --------------------------------------------------------------------------------- snapshots
 
     def ask_for_snapshot(self, address: str) -> zmq.Socket:
         """A DEALER that has sent the snapshot request to ``address`` (with the job's keys where
         they are needed), registered for its reply; ZMQError if it could not be asked."""
-        dealer = self.context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        if keys := self.joining_keys(address):
-            keys.join(dealer)
-        try:
-            dealer.connect(address)
-            dealer.send(SNAPSHOT_REQUEST, zmq.NOBLOCK)
-        except zmq.ZMQError:
-            dealer.close(linger=0)
-            raise
+        dealer = snapshot_client.ask(self.context, address, self.joining_keys(address))
         self.poller.register(dealer, zmq.POLLIN)
         return dealer
 
@@ -327,19 +349,17 @@ class Receiver:
         frames = dealer.recv_multipart(zmq.NOBLOCK)
         self.close_dealer(sender)
         try:
-            header = json.loads(frames[0])
-            seq = header["seq"]
-            if header.get("type") != "snapshot" or not isinstance(seq, int):
-                raise ValueError("not a snapshot header")
-        except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
+            seq, kept = snapshot_client.read_reply(frames)
+        except ValueError as exc:
             error = ProtocolError(f"snapshot reply: {exc}", "bad snapshot")
             self.sink.deliver(Batch((), received=1, malformed=[(error, None)]))
             self.go_live(key, sender, "the snapshot reply was malformed")
             return
-        messages, malformed = decode_all(frames[1:])
+        messages, malformed = decode_all(kept)
         snapshot = Snapshot(key[0], key[1], seq, size=len(messages))
         messages += [message for message in sender.buffer if message["seq"] > seq]  # the splice
-        self.sink.deliver(Batch(messages, received=len(frames) - 1, malformed=malformed, snapshot=snapshot))
+        self.sink.deliver(Batch(messages, received=len(frames) - 1, malformed=malformed, complete=self.whole,
+                                snapshot=snapshot))
         sender.buffer = []
         sender.live = True
 
@@ -379,7 +399,7 @@ class Receiver:
     def go_live(self, key: tuple[str, int], sender: _Sender, why: str) -> None:
         """Give up on the snapshot: apply what was buffered and carry on with live messages."""
         self.close_dealer(sender)
-        self.sink.deliver(Batch(sender.buffer, received=0))  # counted when they arrived
+        self.sink.deliver(Batch(sender.buffer, received=0, complete=self.whole))  # counted when they arrived
         sender.buffer = []
         sender.live = True
         run, rank = key

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from publisher.wire.stall import Stall
+
 
 @dataclass(frozen=True)
 class EventRecord:
@@ -75,6 +77,12 @@ class RunView:
     dropped: int
     #: Distinct metric names this viewer did not keep (over its bounds), as far as remembered.
     metrics_left_out: int = 0
+    #: The stall to show (:mod:`publisher.wire.stall`): of the rank others wait for first (stuck,
+    #: then busy, then waiting, the longest first), which rank, and how many ranks wait in a
+    #: collective; None while no rank is stalled.
+    stall: Stall | None = None
+    stall_rank: int | None = None
+    stall_waiting: int = 0
 
 
 @dataclass(frozen=True)

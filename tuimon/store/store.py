@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from publisher.wire import stall
 from publisher.wire.protocol import ProtocolError, numbered_by_sender, read_number
+from publisher.wire.stall import BUSY, STUCK, WAITING, Stall
 from tuimon.sink import Batch, News, Notice, Sink, SourceStatus
 from tuimon.store.job import JobState, JobView
 from tuimon.store.layers import LayerHistory, LayerMatrix
@@ -69,6 +71,11 @@ class _Rank:
     snapshot_address: str | None = None
     gaps: int = 0
     end: Mapping[str, Any] | None = None
+    #: What its watchdog last said (:data:`publisher.wire.stall.BEAT_FIELDS`, from a heartbeat or a
+    #: node's summary), when it was heard, and the step it was said at (a later step clears it).
+    watchdog: Mapping[str, Any] = field(default_factory=dict)
+    watchdog_heard: float = 0.0
+    watchdog_step: int | None = None
 
 
 @dataclass
@@ -102,6 +109,26 @@ class _Run:
     job: JobState = field(default_factory=JobState)
     #: Per-layer samples, by rank.
     layers: dict[int, LayerHistory] = field(default_factory=dict)
+
+
+#: Which stalled rank a run's header shows first: the one the others wait for.
+_STALL_ORDER = {STUCK: 0, BUSY: 1, WAITING: 2}
+
+
+def _stalls(ranks: Iterable[_Rank], now: float) -> dict[int, Stall]:
+    """The verdict (:func:`publisher.wire.stall.judge`) on each rank that is stalled now, by its
+    watchdog's last word brought up to ``now``; ranks silent for :data:`STALE_AFTER_S` (the run
+    shows as stale) or ended are left out."""
+    stalls = {}
+    for rank in ranks:
+        seconds = rank.watchdog.get("stalled_s")
+        silent = now - rank.last_heard > STALE_AFTER_S
+        if rank.end is not None or silent or not isinstance(seconds, int | float):
+            continue
+        verdict = stall.judge({**rank.watchdog, "stalled_s": seconds + max(now - rank.watchdog_heard, 0.0)})
+        if verdict.stalled:
+            stalls[rank.rank] = verdict
+    return stalls
 
 
 def _number(value: Any) -> float:
@@ -167,7 +194,7 @@ class Store(Sink):
         long); a sequence gap among them is counted unless the batch is not ``complete``. A
         snapshot is applied in one hold of the lock: its messages without counting gaps (it holds
         a selection), then its sender's last ``seq`` set to the snapshot's, then the live messages
-        that followed it.
+        that followed it (counting gaps among them unless the batch is not ``complete``).
         """
         snapshot = batch.snapshot
         if snapshot is None:
@@ -181,7 +208,7 @@ class Store(Sink):
                 state = self._rank(known, snapshot.rank, host="") if known is not None else None
                 if state is not None:
                     state.last_seq = snapshot.seq
-                self._apply_each(batch.live, live=True)
+                self._apply_each(batch.live, live=batch.complete)
         received = batch.received
         with self._lock:
             self._received += len(batch.messages) + len(batch.malformed) if received is None else received
@@ -297,11 +324,14 @@ class Store(Sink):
             state = self._rank(run, number, message["host"])
             if state is None:
                 continue
-            silent = beats[i].get("silent_s", 0.0) if i < len(beats) else 0.0
+            beat = beats[i] if i < len(beats) else {}
+            silent = beat.get("silent_s", 0.0)
             state.last_heard = heard - silent  # the relay heard it last this long before it wrote
             step = steps[i] if i < len(steps) else None
             if isinstance(step, int) and (state.step is None or step > state.step):
                 state.step, state.step_ts = step, message["ts"]
+            if "stalled_s" in beat:  # as of the summary (its node relay brought it up to date)
+                self._watchdog(state, beat, heard, step if isinstance(step, int) else None)
 
     def _on_metrics(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
         step = message["step"]
@@ -321,7 +351,13 @@ class Store(Sink):
             if history.add(step, sample):
                 self._bump(run, "layers")
         state.step, state.step_ts = step, message["ts"]
+        if state.watchdog and (state.watchdog_step is None or step > state.watchdog_step):
+            state.watchdog = {}  # steps resumed since the watchdog spoke
         self._bump(run, "run")
+
+    def _watchdog(self, state: _Rank, fields: Mapping[str, Any], heard: float, step: int | None) -> None:
+        state.watchdog = {name: fields[name] for name in stall.BEAT_FIELDS if name in fields}
+        state.watchdog_heard, state.watchdog_step = heard, step
 
     def _new_series(self, run: _Run, rank: int, name: str) -> Series | None:
         """A series for a metric seen for the first time on this rank, within the store's bounds:
@@ -351,6 +387,8 @@ class Store(Sink):
         step = message.get("step")
         if step is not None and (state.step is None or step > state.step):
             state.step, state.step_ts = step, message["ts"]
+        heard = message["ts"] if self._stamp_with_message_ts else self.clock()
+        self._watchdog(state, message, heard, step)
         self._bump(run, "run")
 
     def _on_gpu(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
@@ -488,6 +526,7 @@ class Store(Sink):
                 break
         ends = [r.end for r in ranks.values() if r.end]
         end_status = end_error = None
+        stalls: dict[int, Stall] = {}
         if ranks and len(ends) == len(ranks):
             worst = max(ends, key=lambda end: _RUN_END_SEVERITY.get(end.get("status", ""), 0))
             end_status, end_error = worst.get("status"), worst.get("error")
@@ -496,6 +535,8 @@ class Store(Sink):
             now = self.clock()
             silent = any(now - r.last_heard > STALE_AFTER_S for r in ranks.values() if r.end is None)
             health = "stale" if silent else "live"
+            stalls = _stalls(ranks.values(), now)
+        shown = min(stalls, key=lambda n: (_STALL_ORDER[stalls[n].state], -stalls[n].stalled_s), default=None)
         start = run.run_start or {}
         world_size = start.get("world_size")
         return RunView(
@@ -517,6 +558,9 @@ class Store(Sink):
             gaps=sum(r.gaps for r in ranks.values()),
             dropped=sum(_int(r.stats.get("dropped")) for r in ranks.values()),
             metrics_left_out=len(run.names_left_out),
+            stall=stalls[shown] if shown is not None else None,
+            stall_rank=shown,
+            stall_waiting=sum(verdict.state == WAITING for verdict in stalls.values()),
         )
 
     def metric_names(self, run: str) -> list[str]:

@@ -7,6 +7,7 @@ import math
 from textual.content import Content
 from textual.widgets import Static
 
+from publisher.wire.stall import WAITING
 from tuimon.store import RunView, SourceStatus
 from tuimon.ui.format import duration, number
 
@@ -26,6 +27,27 @@ def _ranks(ranks: tuple[int, ...], world_size: int | None) -> Content:
     word, listed = ("rank", f"{ranks[0]}") if len(ranks) == 1 else ("ranks", f"{ranks[0]}-{ranks[-1]}")
     heard = f" ({len(ranks)} of {world_size} heard)" if world_size and world_size != len(ranks) else ""
     return Content.from_markup("$word [b]$listed[/]$heard", word=word, listed=listed, heard=heard)
+
+
+def stalled(view: RunView) -> Content | None:
+    """``⚠ stuck 12 s in fetch_batch (train.py:4)`` while a rank is stalled (the store's verdict,
+    :mod:`publisher.wire.stall`; the rank the others wait for first, ``rank 1 ...`` in a run of
+    several, with how many wait in a collective); None while none is."""
+    verdict = view.stall
+    if verdict is None:
+        return None
+    text = verdict.describe()
+    if len(view.ranks) > 1:
+        waiting = view.stall_waiting
+        if verdict.state == WAITING and waiting > 1:
+            text = f"{waiting} ranks {text}"
+        else:
+            text = f"rank {view.stall_rank} {text}" + (f", {waiting} waiting for it" if waiting else "")
+    severity = verdict.severity()
+    if severity in ("warning", "critical"):
+        colour = "$error" if severity == "critical" else "$warning"
+        return Content.styled(f" ⚠ {text} ", f"bold reverse {colour}")
+    return Content.styled(f"… {text}", "bold $accent")
 
 
 def connection(view: RunView | None, source: SourceStatus, now: float) -> Content:
@@ -85,6 +107,7 @@ class RunHeader(Static):
                 _ranks(view.ranks, view.world_size),
                 *([Content.styled(f" ◎ rank {focus} ", "bold reverse $accent")] if focus is not None else []),
                 Content.from_markup("step [b]$step[/]", step="—" if view.step is None else f"{view.step:,}"),
+                *([label] if (label := stalled(view)) is not None else []),
                 Content.from_markup("elapsed [b]$elapsed[/]", elapsed=duration(elapsed)),
             ]
             if view.throughput is not None:
