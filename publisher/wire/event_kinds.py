@@ -43,6 +43,8 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("collective_wait", "info", "the training thread waits in a collective for another rank"),
         EventKind("busy_pause", "info", "the training thread is busy outside its steps (evaluation, saving)"),
         EventKind("rank_lost", "critical", "a rank or relay stopped sending heartbeats"),
+        # A run held against a baseline recording (made by the viewer: tuimon/compare/band.py).
+        EventKind("baseline_departure", "warning", "the run left its baseline's band (loss, throughput)"),
         # Data.
         EventKind("duplicate_batches", "warning", "the same batches come again (across workers or epochs)"),
         # GPUs (NVML).

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from publisher.wire.curve import JobKeys
+    from tuimon.compare.band import Baseline
     from tuimon.notify.settings import NotifySettings
 
 KB_HELP = "incident knowledge base folder (default: $TUIMON_KB, config, ~/.local/share/tuimon/kb)"
@@ -22,6 +24,25 @@ def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
         "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
     )
     add_kb_option(parser)
+
+
+def add_baseline_option(parser: argparse.ArgumentParser) -> None:
+    """``--baseline RECORDING``: a run to hold the others against (``watch``, ``replay``)."""
+    parser.add_argument(
+        "--baseline", metavar="RECORDING",
+        help="a recording (file or --record prefix) drawn beside the run's loss and throughput; an "
+        "event (baseline_departure) when the run leaves its band, as `tuimon diff` judges two runs",
+    )
+
+
+def baseline_from(args: argparse.Namespace) -> Baseline | None:
+    """The baseline ``--baseline`` names, read before the screen opens (a one-line error if it
+    cannot be), or None."""
+    if args.baseline is None:
+        return None
+    from tuimon.compare.band import load_baseline
+
+    return load_baseline(args.baseline)
 
 
 KEYS_HELP = (
@@ -96,3 +117,14 @@ def notify_settings(args: argparse.Namespace) -> NotifySettings:
         "desktop": getattr(args, "notify_desktop", None),
     }
     return resolve(options, config_section("notify"), str(config_path()))
+
+
+def positive_seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse reports anything else as a usage error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value

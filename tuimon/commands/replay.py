@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from tuimon.commands._options import add_dashboard_options
+from tuimon.commands._options import add_baseline_option, add_dashboard_options, baseline_from
+
+if TYPE_CHECKING:
+    from tuimon.sink import Sink
+    from tuimon.store import Store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,13 +29,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--paused", action="store_true", help="open paused at the start")
     parser.add_argument("--run", metavar="NAME", help="show this run first")
+    add_baseline_option(parser)
     add_dashboard_options(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    baseline = baseline_from(args)  # a bad one is said before the dashboard's imports
+
     from tuimon.sources.replay import ReplaySource, parse_speed
     from tuimon.ui.terminal import run_dashboard
 
-    source = ReplaySource(args.files, speed=parse_speed(args.speed), paused=args.paused)
-    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb)
+    tap = None
+    if baseline is not None:
+        from tuimon.compare.band import BaselineWatch
+
+        def tap(store: Store) -> Sink:
+            return BaselineWatch(store, baseline, store)
+
+    source = ReplaySource(args.files, speed=parse_speed(args.speed), paused=args.paused, tap=tap)
+    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb, baseline=baseline)

@@ -15,7 +15,6 @@ with the alerts are said on stderr like the other notices.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import threading
@@ -24,7 +23,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
-from tuimon.commands._options import add_keys_option, add_notify_options, keys_from, notify_settings
+from tuimon.commands._options import (
+    add_keys_option,
+    add_notify_options,
+    keys_from,
+    notify_settings,
+    positive_seconds,
+)
 from tuimon.commands._receiving import receive_until, stopped_by_signals
 from tuimon.sink import Batch, News, Notice, Sink
 
@@ -59,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--for",
         dest="duration",
-        type=_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="stop after this many seconds (default: run until interrupted)",
     )
@@ -72,17 +77,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_keys_option(parser)
     add_notify_options(parser, desktop=False)
     parser.set_defaults(handler=run)
-
-
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (argparse reports anything else as a usage error)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

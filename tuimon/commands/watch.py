@@ -7,14 +7,20 @@ terminal is told when the dashboard is in the background (:mod:`tuimon.ui.servic
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from tuimon.commands._options import (
+    add_baseline_option,
     add_dashboard_options,
     add_keys_option,
     add_notify_options,
+    baseline_from,
     keys_from,
     notify_settings,
 )
+
+if TYPE_CHECKING:
+    from tuimon.sink import Sink
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--run", metavar="NAME", help="show only this run")
     add_dashboard_options(parser)
+    add_baseline_option(parser)
     add_keys_option(parser)
     add_notify_options(parser, desktop=True)
     parser.set_defaults(handler=run)
@@ -45,7 +52,16 @@ def run(args: argparse.Namespace) -> int:
     # screen opens.
     keys, explicit = keys_from(args)
     alerts = notify_settings(args)
+    baseline = baseline_from(args)
+    outer = None
+    if baseline is not None:
+        from tuimon.compare.band import BaselineWatch
+
+        def outer(sink: Sink) -> Sink:
+            return BaselineWatch(sink, baseline, source.store)
+
     source = AlertingLiveSource(
-        args.endpoints, alerts=alerts, run=args.run, keys=keys, explicit_keys=explicit
+        args.endpoints, alerts=alerts, run=args.run, keys=keys, explicit_keys=explicit, outer=outer
     )
-    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb, notifier=source.notifier)
+    return run_dashboard(source, args.theme, run=args.run, kb_dir=args.kb, notifier=source.notifier,
+                         baseline=baseline)

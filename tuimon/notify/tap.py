@@ -13,7 +13,7 @@ status go on to the wrapped sink untouched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tuimon.notify.notifier import Notifier
@@ -42,7 +42,8 @@ class AlertingSink(Sink):
 
 class AlertingLiveSource(LiveSource):
     """A :class:`LiveSource` whose store alerts as ``alerts`` say (:attr:`notifier`, problems on
-    the dashboard's notice lines); the notifier starts and stops with the source."""
+    the dashboard's notice lines); the notifier starts and stops with the source. ``outer`` wraps
+    the alerting sink in one more (a baseline watch, whose events then alert too)."""
 
     def __init__(
         self,
@@ -52,9 +53,13 @@ class AlertingLiveSource(LiveSource):
         run: str | None = None,
         keys: JobKeys | None = None,
         explicit_keys: bool = False,
+        outer: Callable[[Sink], Sink] | None = None,
     ) -> None:
-        super().__init__(endpoints, run=run, keys=keys, explicit_keys=explicit_keys,
-                         tap=lambda store: AlertingSink(store, self.notifier))
+        def tap(store: Sink) -> Sink:
+            alerting = AlertingSink(store, self.notifier)
+            return outer(alerting) if outer is not None else alerting
+
+        super().__init__(endpoints, run=run, keys=keys, explicit_keys=explicit_keys, tap=tap)
         self.notifier = Notifier(alerts, self.store)
 
     def start(self) -> None:

@@ -17,7 +17,7 @@ import heapq
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from publisher.wire.protocol import ProtocolError, decode
 from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
-from tuimon.sink import Batch, SourceStatus
+from tuimon.sink import Batch, Sink, SourceStatus
 from tuimon.sources.base import ReplayControls, Source
 from tuimon.store import Store
 
@@ -110,13 +110,22 @@ class ReplaySource:
     """Plays a :class:`Recording` into :attr:`store` on a background thread.
 
     Control methods (pause, speed, seek) may be called from any thread; they take effect within
-    one player tick.
+    one player tick. ``tap``, when given, wraps the store in the sink the player fills (a baseline
+    watch hears what the store is handed: :mod:`tuimon.compare.band`), while the app reads the
+    store itself.
     """
 
-
-    def __init__(self, paths: Sequence[str | Path], *, speed: float = 1.0, paused: bool = False) -> None:
+    def __init__(
+        self,
+        paths: Sequence[str | Path],
+        *,
+        speed: float = 1.0,
+        paused: bool = False,
+        tap: Callable[[Store], Sink] | None = None,
+    ) -> None:
         self.recording = load_recordings(paths)
         self.store = Store(clock=self.now, stamp_with_message_ts=True)
+        self._sink: Sink = tap(self.store) if tap is not None else self.store
         self._control = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -240,7 +249,7 @@ class ReplaySource:
 
     def _apply(self, start: int, stop: int) -> None:
         # Lines were validated on loading, so decode() cannot fail here.
-        self.store.deliver(Batch([decode(line) for line in self.recording.lines[start:stop]]))
+        self._sink.deliver(Batch([decode(line) for line in self.recording.lines[start:stop]]))
         self._index = stop
 
     def _wait_for_next(self) -> None:
@@ -255,7 +264,7 @@ class ReplaySource:
 
     def _count_bad_lines(self) -> None:
         if self.recording.malformed:
-            self.store.deliver(Batch((), malformed=self.recording.malformed))
+            self._sink.deliver(Batch((), malformed=self.recording.malformed))
 
     def _publish_status(self) -> None:
         recording = self.recording

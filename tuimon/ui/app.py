@@ -16,6 +16,7 @@ from textual.app import App, SystemCommand
 from textual.binding import BindingType
 from textual.screen import Screen
 
+from tuimon.compare.band import Baseline
 from tuimon.sources.base import ReplayControls, Source
 from tuimon.store import Store
 from tuimon.ui.dashboard.replay import ReplayDashboard
@@ -32,7 +33,8 @@ from tuimon.ui.themes import DEFAULT_THEME, THEME_ORDER, load_themes
 
 
 class TuimonApp(App[None]):
-    """The dashboard over ``source``; ``run`` preselects a run. Commands start it through
+    """The dashboard over ``source``; ``run`` preselects a run; ``baseline`` is drawn beside its
+    charts (``--baseline``). Commands start it through
     :func:`tuimon.ui.terminal.run_dashboard`, which also ends it when the terminal goes away."""
 
     TITLE = "tuimon"
@@ -53,10 +55,12 @@ class TuimonApp(App[None]):
         theme: str = DEFAULT_THEME,
         run: str | None = None,
         kb_dir: str | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
         super().__init__()
         self.source = source
         self._wanted_run = run
+        self._baseline = baseline
         for custom in load_themes().values():
             self.register_theme(custom)
         self._initial_theme = theme
@@ -73,9 +77,11 @@ class TuimonApp(App[None]):
         """The dashboard, with the replay's keys when the source is a recording."""
         dashboard: DashboardScreen
         if isinstance(self.source, ReplayControls):
-            dashboard = ReplayDashboard(self.source, self.source, self.kb_link, run=self._wanted_run)
+            dashboard = ReplayDashboard(self.source, self.source, self.kb_link, run=self._wanted_run,
+                                        baseline=self._baseline)
         else:
-            dashboard = DashboardScreen(self.source, self.kb_link, run=self._wanted_run)
+            dashboard = DashboardScreen(self.source, self.kb_link, run=self._wanted_run,
+                                        baseline=self._baseline)
         self.dashboard = dashboard
         return dashboard
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from textual.app import App
 
+from tuimon.compare.band import Baseline
 from tuimon.notify.notifier import Notifier
 from tuimon.sources.base import Source
 from tuimon.ui.app import TuimonApp
@@ -34,14 +35,16 @@ def run_dashboard(
     cleanup: Callable[[], None] | None = None,
     kb_dir: str | None = None,
     notifier: Notifier | None = None,
+    baseline: Baseline | None = None,
 ) -> int:
     """Run the dashboard on ``source`` until the user quits or the terminal goes away (the
     commands' shared entry point). An unknown theme or a broken theme file is a UserError.
     ``cleanup`` runs if the process has to be ended hard (see :class:`TerminalWatch`); ``kb_dir``
     is ``--kb`` (the incident knowledge base; None: $TUIMON_KB, config, default). ``notifier``
-    (the source's alerts) also tells the terminal while the dashboard is in the background."""
+    (the source's alerts) also tells the terminal while the dashboard is in the background.
+    ``baseline`` (``--baseline``) is drawn beside the charts of the metrics it has."""
     chosen = check_theme_name(theme or DEFAULT_THEME, load_themes())
-    app = TuimonApp(source, theme=chosen, run=run, kb_dir=kb_dir)
+    app = TuimonApp(source, theme=chosen, run=run, kb_dir=kb_dir, baseline=baseline)
     if notifier is not None:
         notify_in_background(app, notifier)
     stdin = sys.__stdin__

@@ -11,13 +11,16 @@ import math
 from collections.abc import Sequence
 
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Tab, Tabs
 from textual_plotext import PlotextPlot
 
+from tuimon.compare.band import Band
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
 from tuimon.ui.format import number
+from tuimon.ui.job.band import band_columns
 from tuimon.ui.plot import envelope, set_y_axis, theme_rgb, wide_range
 
 #: Tabs shown at most (a tab strip of hundreds is unreadable, and each tab costs the screen).
@@ -27,6 +30,12 @@ PREFERRED_METRICS = ("loss", "lr", "grad_norm", *THROUGHPUT_METRICS, "step_time"
 #: Theme variable for an event marker of each severity (the theme decides the actual colours,
 #: so the high-contrast theme's markers differ in brightness too).
 _EVENT_COLORS = {"critical": "error", "warning": "warning", "info": "secondary"}
+
+
+def _band_rgb(widget: MetricChart) -> tuple[int, int, int]:
+    """A baseline's band: the accent faded into the background, so the run's line reads over it."""
+    variables = widget.app.theme_variables
+    return Color.parse(variables["surface"]).blend(Color.parse(variables["accent"]), 0.3).rgb
 
 
 def order_metrics(names: list[str]) -> list[str]:
@@ -141,10 +150,13 @@ class MetricChart(Vertical):
         version: object,
         *,
         rank: int | None = None,
+        baseline: Band | None = None,
     ) -> None:
         """Redraw if anything drawn changed (``version`` identifies the data shown; ``rank`` names
-        the rank the series is of, when the user chose one rather than the run's lowest)."""
-        key = (self.metric, version, rank, self.size, self.app.theme)
+        the rank the series is of, when the user chose one rather than the run's lowest;
+        ``baseline``, a baseline's band over the same steps, is drawn behind the series: its
+        edges as a shaded area, its running median as a line)."""
+        key = (self.metric, version, rank, self.size, self.app.theme, baseline is not None)
         if key == self._drawn:
             return
         self._drawn = key
@@ -156,10 +168,23 @@ class MetricChart(Vertical):
         name = self.metric if rank is None else f"{self.metric} of rank {rank}"
         title = f"{name}  last {number(values[-1])}" if values else f"{name}: no data yet"
         if xs:
+            spans = band_columns(baseline.steps, baseline.low, baseline.high, width) if baseline else []
+            center_xs, center = envelope(baseline.steps, baseline.center, width) if baseline else ([], [])
+            shown = ys + [lo for _, lo, _ in spans] + [hi for _, _, hi in spans] + center
             logarithmic = self.metric == "lr" or wide_range(ys)
-            if logarithmic:
+            scale = math.log10 if logarithmic else float
+            if logarithmic:  # a band edge at or below 0 has no place on a log axis: it stops lower down
+                shown = [y for y in shown if y > 0]
+                spans = [(x, lo if lo > 0 else min(shown), hi) for x, lo, hi in spans if hi > 0]
                 ys = [math.log10(y) for y in ys]
-            set_y_axis(plt, min(ys), max(ys), logarithmic=logarithmic, height=plot.size.height)
+            height = plot.size.height
+            set_y_axis(plt, scale(min(shown)), scale(max(shown)), logarithmic=logarithmic, height=height)
+            if baseline is not None:
+                for x, lo, hi in spans:  # plotext fills down to a level, not between two curves
+                    plt.plot([x, x], [scale(lo), scale(hi)], marker="█", color=_band_rgb(self))
+                center_ys = [scale(y) for y in center]
+                plt.plot(center_xs, center_ys, marker="braille", color=theme_rgb(self, "accent"))
+                title += f"   {baseline.label} {number(baseline.center[-1])} (band)"
             plt.plot(xs, ys, marker="braille", color=theme_rgb(self, "primary"))
             first, last = steps[0], steps[-1]
             marked = [(e.step, e.severity) for e in events if e.step is not None and first <= e.step <= last]

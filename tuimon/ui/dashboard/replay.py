@@ -13,6 +13,7 @@ from typing import ClassVar
 from textual.app import SystemCommand
 from textual.binding import Binding, BindingType
 
+from tuimon.compare.band import Baseline
 from tuimon.sources.base import ReplayControls, Source
 from tuimon.ui.dashboard.screen import DashboardScreen
 from tuimon.ui.help import Section, binding_entries
@@ -34,9 +35,10 @@ class ReplayDashboard(DashboardScreen):
     ]
 
     def __init__(
-        self, source: Source, replay: ReplayControls, kb_link: KbLink, *, run: str | None = None
+        self, source: Source, replay: ReplayControls, kb_link: KbLink, *, run: str | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
-        super().__init__(source, kb_link, run=run)
+        super().__init__(source, kb_link, run=run, baseline=baseline)
         self.replay = replay
 
     def action_toggle_pause(self) -> None:

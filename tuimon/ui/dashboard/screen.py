@@ -33,6 +33,7 @@ from textual.geometry import Size
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Tab, Tabs
 
+from tuimon.compare.band import Baseline
 from tuimon.sources.base import RankFocus, Source
 from tuimon.store import THROUGHPUT_METRICS, EventRecord
 from tuimon.store.layers import named_layers, statistic_for
@@ -69,7 +70,8 @@ CHARTS_HZ = 1.25
 
 class DashboardScreen(Screen[None]):
     """The dashboard over ``source``; ``run`` preselects a run; ``kb_link`` is the app's link to the
-    incident knowledge base ("seen before" offers for new events, the incident screen)."""
+    incident knowledge base ("seen before" offers for new events, the incident screen);
+    ``baseline`` (``--baseline``) is drawn beside the chart of each metric it has."""
 
     DEFAULT_CSS = """
     DashboardScreen #top {
@@ -122,9 +124,12 @@ class DashboardScreen(Screen[None]):
     ]
     COMMANDS = {ScreenCommands}  # noqa: RUF012 (Textual declares it a set)
 
-    def __init__(self, source: Source, kb_link: KbLink, *, run: str | None = None) -> None:
+    def __init__(
+        self, source: Source, kb_link: KbLink, *, run: str | None = None, baseline: Baseline | None = None
+    ) -> None:
         super().__init__()
         self.source = source
+        self.baseline = baseline
         self.store = source.store
         self.kb_link = kb_link
         self.run_name: str | None = None
@@ -292,7 +297,10 @@ class DashboardScreen(Screen[None]):
         chart = self.query_one(MetricChart)
         steps, values = self.store.series(run, chart.metric, rank=self.focus_rank)
         version = (versions["metrics"], versions["events"])
-        chart.show(steps, values, self.store.events(run), version, rank=self.focus_rank)
+        band = None
+        if self.baseline is not None and steps:
+            band = self.baseline.band(chart.metric, steps[0], steps[-1])
+        chart.show(steps, values, self.store.events(run), version, rank=self.focus_rank, baseline=band)
 
     # ----------------------------------------------------------------------------------- actions
 
