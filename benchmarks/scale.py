@@ -2,7 +2,7 @@
 
     python benchmarks/scale.py [--nodes 1,4,16,32] [--ranks-per-node 8] [--seconds 10] [--view all|job]
     python benchmarks/scale.py --quick
-    python benchmarks/scale.py --hang [--nodes 64 --ranks-per-node 64] [--publishers judging|older]
+    python benchmarks/scale.py --hang [--nodes 32 --ranks-per-node 128] [--publishers judging|older]
 
 Every process is real except the training: each simulated node is one process hosting one raw
 ZeroMQ PUB socket per rank (no torch), sending what a training rank sends, protocol-valid
@@ -37,14 +37,15 @@ its publishers. The root's CPU at 512 nodes is a straight line fitted through th
 (fixed cost + cost per node). It is pessimistic if anything: at low rates each message costs the
 proxy a wake-up, and a busier root batches more messages per wake-up.
 
-``--hang`` asks who a hung job blames instead. The ranks of one tree (by default 64 simulated
-nodes of 64 ranks: 4,096, at 2 steps a second, heartbeats every second, no GPU readings) train
-until the root hears every node, then all stop: one rank in its data fetch, outside the collective
-(its heartbeats' stack ends in ``fetch_batch``, ``in_collective`` false), every other one in the
-all-reduce (``in_collective`` true), as each rank's watchdog says it (docs/protocol.md,
+``--hang`` asks who a hung job blames instead. The ranks of one tree (by default 32 simulated
+nodes of 128 ranks: 4,096, fewer relay processes than real 8-GPU nodes would have, so that the
+tree fits 2 cores beside its simulated ranks; at 2 steps a second, heartbeats every second, no GPU
+readings) train until the root hears every node, then all stop: one rank in its data fetch,
+outside the collective (its heartbeats' stack ends in ``fetch_batch``, ``in_collective`` false),
+every other one in the all-reduce (``in_collective`` true), as each rank's watchdog says it (docs/protocol.md,
 ``heartbeat``). With ``--publishers judging`` (today's) each rank judges its own stall and says
 so as a publisher does (``hang`` from the culprit, ``collective_wait`` from every waiting rank,
-updated every 2 s); with ``older`` their heartbeats only say where they are and the root judges.
+said once); with ``older`` their heartbeats only say where they are and the root judges.
 A viewer at the root, subscribed as a job view is, reads for ``--seconds`` and the benchmark
 prints who was named first (rank, host, by whom, seconds after the culprit's last step; target
 10 s), what the root itself said about it, every rank of a warning or worse (target: the culprit
@@ -991,9 +992,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--nodes", help="tree sizes (nodes), comma-separated (default 1,4,16,32; "
-                        "with --hang one size, default 64)")
+                        "with --hang one size, default 32)")
     parser.add_argument("--ranks-per-node", type=int, help="ranks (PUB sockets) a node (default 8; with "
-                        "--hang 64)")
+                        "--hang 128)")
     parser.add_argument("--rate", type=float, help="metrics messages a second a rank (default 10; with "
                         "--hang 2: a 5 s stall threshold)")
     parser.add_argument("--view", choices=sorted(VIEWS), default="all",
@@ -1011,8 +1012,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "or their heartbeats only say where they are (older ones: the root judges)")
     args = parser.parse_args(argv)
     hang = args.hang
-    args.nodes = args.nodes or ("64" if hang else "1,4,16,32")
-    args.ranks_per_node = args.ranks_per_node or (64 if hang else 8)
+    args.nodes = args.nodes or ("32" if hang else "1,4,16,32")
+    args.ranks_per_node = args.ranks_per_node or (128 if hang else 8)
     args.rate = args.rate or (2.0 if hang else 10.0)
     args.seconds = args.seconds or (15.0 if hang else 10.0)
     if args.quick:
