@@ -125,8 +125,9 @@ def test_a_live_run_is_compared_by_its_name_in_the_registry(
         # Listening ends once the run's snapshot has come; the long limit is for a loaded machine.
         result = diff(capsys, str(runs / "base"), "live", "--json", "--listen", "30")
     finally:
-        live.kill()
-        live.wait()
+        # SIGTERM, which `tuimon run` forwards: a SIGKILL would leave its training running, orphaned.
+        live.terminate()
+        live.wait(timeout=60)
     report = json.loads(result.stdout)
     assert report["b"]["run"] == "live" and report["b"]["end"] is None
     assert any(note.startswith("B has not ended") for note in report["notes"])
