@@ -341,7 +341,7 @@ class Store(Sink):
                 series = self._new_series(run, state.rank, name)
                 if series is None:
                     continue
-            series.append(step, _number(value))
+            series.append(step, value if value.__class__ is float else _number(value))  # floats: no call
         self._bump(run, "metrics")
         sample = message.get("layers")
         if isinstance(sample, dict):
