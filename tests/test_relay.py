@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import zmq
 from helpers.cli import TUIMON
 from helpers.ports import free_port
-from helpers.relays import running
+from helpers.relays import running, stepping
 from helpers.waiting import wait_until
 
 from publisher.wire.protocol import decode, encode, make_message
@@ -783,28 +782,13 @@ def test_tail_at_the_root_prints_the_job_view_by_default_and_every_ranks_stream_
 ) -> None:
     """Through a relay, `tuimon tail` takes what the job view takes (summaries, and rank 0's own
     metrics); `--all` takes every rank's metrics too, for scripts that want them."""
-    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, _):
-        stop = threading.Event()
-
-        def publish() -> None:
-            step = 0
-            while not stop.wait(0.05):
-                step += 1
-                for publisher in publishers:
-                    publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
-
-        feeder = threading.Thread(target=publish, daemon=True)
-        feeder.start()
-        try:
-            tails = [
-                subprocess.Popen([*TUIMON, "tail", root_address, *extra, "--for", "6"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                for extra in ([], ["--all"])
-            ]
-            outputs = [tail.communicate(timeout=60) for tail in tails]
-        finally:
-            stop.set()
-            feeder.join(timeout=5)
+    with two_node_job(tmp_path, monkeypatch) as (root_address, publishers, _), stepping(publishers):
+        tails = [
+            subprocess.Popen([*TUIMON, "tail", root_address, *extra, "--for", "6"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for extra in ([], ["--all"])
+        ]
+        outputs = [tail.communicate(timeout=60) for tail in tails]
     (job, job_err), (every, every_err) = outputs
     job_lines = [json.loads(line) for line in job.splitlines()]
     every_lines = [json.loads(line) for line in every.splitlines()]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import TUIMON
-from helpers.relays import relay_processes
+from helpers.relays import relay_processes, stepping
 from helpers.waiting import wait_until
 
 from publisher.wire.transport import Publisher
@@ -61,22 +60,8 @@ def started_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[lis
 @pytest.fixture
 def training(started_job: list[Publisher]) -> Iterator[list[Publisher]]:
     """The job keeps stepping, 20 steps a second, on a thread."""
-    stop = threading.Event()
-
-    def train() -> None:
-        step = 20
-        while not stop.wait(0.05):
-            step += 1
-            for publisher in started_job:
-                publisher.publish("metrics", step=step, metrics={"loss": 1.0 / step})
-
-    thread = threading.Thread(target=train, daemon=True)
-    thread.start()
-    try:
+    with stepping(started_job, step=20):
         yield started_job
-    finally:
-        stop.set()
-        thread.join(timeout=5)
 
 
 def tail(address: str, seconds: float) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from helpers.cli import TUIMON
 from helpers.ports import free_port
 from helpers.waiting import wait_until
+from publisher.wire.transport import Publisher
 from tuimon.relay.forwarder import Relay
 
 
@@ -24,6 +25,28 @@ def running(relay: Relay) -> Iterator[Relay]:
     thread.start()
     try:
         yield relay
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def stepping(publishers: Sequence[Publisher], step: int = 0) -> Iterator[None]:
+    """Each of ``publishers`` trains on a thread while the block lasts: a ``metrics`` message a step,
+    20 steps a second, from ``step + 1`` on."""
+    stop = threading.Event()
+
+    def train() -> None:
+        number = step
+        while not stop.wait(0.05):
+            number += 1
+            for publisher in publishers:
+                publisher.publish("metrics", step=number, metrics={"loss": 1.0 / number})
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        yield
     finally:
         stop.set()
         thread.join(timeout=5)
