@@ -222,6 +222,8 @@ class Monitor:
         clips = self._calls.clips_without_gradients
         if clips:  # clip calls that found no gradient since the last step (ClipNoop judges them)
             readings.metrics["clip_noop_calls"] = float(self._calls.take_clips_without_gradients())
+        if self._calls.looked:
+            readings.looks = tuple(self._calls.take_looks())
         if isinstance(loss, torch.Tensor) and loss.numel() != 1:
             raise ValueError(f"the loss must be one number, got a tensor of shape {tuple(loss.shape)}")
         if loss is not None:
@@ -354,7 +356,8 @@ class Monitor:
                 metrics["grad_norm"]):
             # Not a sampled step, but the gradients went bad: say which ones.
             layout = self._layers.gradient_layout(grads)
-        finished = FinishedStep(step, metrics, grad_norms, layout, sample_arrays, readings.batches)
+        finished = FinishedStep(step, metrics, grad_norms, layout, sample_arrays, readings.batches,
+                                readings.looks)
         self._parts.worker.submit(finished)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -406,7 +409,7 @@ class Monitor:
             self._batches.append(found)
 
     def _saw_classes(self, classes: int, label_entropy: float | None) -> None:
-        """The ``cross_entropy`` watch saw the logits' class count (and the labels' entropy)."""
+        """The loss watch saw the logits' class count (and the labels' entropy)."""
         context = self._context
         context.classes, context.label_entropy = classes, label_entropy
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from publisher.detectors import Detector, DetectorSet
+from publisher.patches.loss_look import LossLook
 from publisher.readings import sysinfo
 from publisher.readings.batches import BatchPrint
 from publisher.readings.identity import describe_model
@@ -48,7 +49,8 @@ class FinishedStep:
     ``grad_norms``: the per-parameter gradient norms, when the step computed them; ``layout``
     reads them and ``arrays`` (the per-layer sample's tensors) into a
     :class:`~publisher.stats.layer_sample.LayerSample`, on a sampled step or one whose gradients
-    went bad; ``batches``: the fingerprints of the batches the step consumed.
+    went bad; ``batches``: the fingerprints of the batches the step consumed; ``looks``: the looks at
+    its loss calls (:mod:`publisher.patches.loss_look`).
     """
 
     step: int
@@ -57,6 +59,7 @@ class FinishedStep:
     layout: SampleLayout | None
     arrays: list[torch.Tensor]
     batches: tuple[BatchPrint, ...]
+    looks: tuple[LossLook, ...] = ()
 
 
 class Reporter:
@@ -141,7 +144,7 @@ class Reporter:
         else:
             layers = sample.payload(self._max_layers)
             self.publisher.publish("metrics", step=step, metrics=wire, layers=layers)
-        self.detectors.observe_step(step, metrics, sample, finished.batches)
+        self.detectors.observe_step(step, metrics, sample, finished.batches, finished.looks)
 
     def publish_gpu(self, devices: list[dict[str, Any]]) -> None:
         """Sampler thread: publish the reading, then let the GPU detectors look at it."""

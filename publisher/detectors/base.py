@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from publisher.wire.event_kinds import EVENT_KINDS
 
 if TYPE_CHECKING:
+    from publisher.patches.loss_look import LossLook
     from publisher.readings.batches import BatchPrint
     from publisher.stats.layer_sample import LayerSample
 
@@ -33,7 +34,7 @@ class TrainingContext:
     (no lock needed). ``optimizers``: how many optimizers step (more than one is adversarial or
     multi-objective training, whose losses are not expected to fall on their own). ``classes``:
     the number of classes the classification loss scores (from the logits' shape, seen by the
-    ``cross_entropy`` watch), ``label_entropy``: the entropy of the labels seen, in nats (the loss
+    watch of the losses), ``label_entropy``: the entropy of the labels seen, in nats (the loss
     of a model that predicts the label prior). ``repeated_batches``: the user said repeated batches
     are deliberate (an overfit-one-batch check).
     """
@@ -102,6 +103,11 @@ class Detector:
     def observe_batches(self, step: int, batches: Sequence[BatchPrint]) -> Sequence[Finding]:
         """Called with the fingerprints of the batches a step consumed (when the Monitor sees the
         data path: ``Monitor.track_data`` or ``tuimon run``), after the step's ``observe_step``."""
+        return ()
+
+    def observe_loss_calls(self, step: int, looks: Sequence[LossLook]) -> Sequence[Finding]:
+        """Called with the looks at the watched loss calls (:mod:`publisher.patches.torch_calls`)
+        that reached the host by this step, after the step's ``observe_step``."""
         return ()
 
 

@@ -34,14 +34,19 @@ from publisher.detectors.grads import (
     UpdateRatio,
     VanishingGradient,
 )
+from publisher.detectors.labels import ClassSortedBatches, SingleClassLabels
 from publisher.detectors.loss import ChanceLoss, LossPlateau, LossSpike, NonFiniteLoss
+from publisher.detectors.loss_inputs import LossInputMismatch
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import LayerSample
 
 if TYPE_CHECKING:
+    from publisher.patches.loss_look import LossLook
     from publisher.readings.batches import BatchPrint
 
 log = logging.getLogger(__name__)
+#: The hooks a detector may read a step with, in the order they run.
+_STEP_HOOKS = ("observe_step", "observe_layers", "observe_batches", "observe_loss_calls")
 
 
 def default_detectors() -> list[Detector]:
@@ -52,6 +57,7 @@ def default_detectors() -> list[Detector]:
     """
     return [
         NonFiniteLoss(), LossSpike(), LossPlateau(), ChanceLoss(),
+        LossInputMismatch(), SingleClassLabels(), ClassSortedBatches(),
         GradExplosion(), NonFiniteGrads(), NonFiniteParams(), VanishingGradient(), UpdateRatio(), ClipNoop(),
         DeadActivations(),
         ThroughputDrop(), StepTimeOutlier(), DataBottleneck(), MemoryGrowth(), DuplicateBatches(),
@@ -88,33 +94,35 @@ class DetectorSet:
         for detector in self.detectors:
             detector.rank = rank
             detector.context = self.context
-        # (detector, has observe_step, has observe_layers, has observe_batches) per step.
+        # (detector, has observe_step, observe_layers, observe_batches, observe_loss_calls) per step.
         self._step_detectors = [
-            (d, overrides(d, "observe_step"), overrides(d, "observe_layers"), overrides(d, "observe_batches"))
-            for d in self.detectors
-            if any(overrides(d, hook) for hook in ("observe_step", "observe_layers", "observe_batches"))
+            (d, overrides(d, "observe_step"), overrides(d, "observe_layers"), overrides(d, "observe_batches"),
+             overrides(d, "observe_loss_calls"))
+            for d in self.detectors if any(overrides(d, hook) for hook in _STEP_HOOKS)
         ]
         self._gpu_detectors = [d for d in self.detectors if overrides(d, "observe_gpu")]
 
     def observe_step(self, step: int, metrics: Metrics, layers: LayerSample | None = None,
-                     batches: Sequence[BatchPrint] = ()) -> None:
+                     batches: Sequence[BatchPrint] = (), looks: Sequence[LossLook] = ()) -> None:
         """Run the step detectors on one step; those reading layers also on its sample, if any,
-        those reading batches on its batches' fingerprints, if any.
+        those reading batches on its batches' fingerprints, those reading loss calls on its looks.
 
         A detector's findings from its hooks make one observation; a layer finding replaces a
         step finding of the same kind and key (it knows more: which layers).
         """
         tracker = self.tracker
         open_episodes = tracker.open_owners
-        for detector, on_step, on_layers, on_batches in self._step_detectors:
+        for detector, on_step, on_layers, on_batches, on_looks in self._step_detectors:
             try:
                 findings = detector.observe_step(step, metrics) if on_step else ()
                 if on_layers and layers is not None and (layers.complete or detector.reads_partial_samples):
                     findings = _merge(findings, detector.observe_layers(step, layers, metrics))
                 elif on_batches and batches:
                     findings = _merge(findings, detector.observe_batches(step, batches))
+                elif on_looks and looks:
+                    findings = _merge(findings, detector.observe_loss_calls(step, looks))
                 elif not on_step:
-                    continue  # a layer or batch detector ages its episodes on its own observations
+                    continue  # a layer, batch or loss-call detector ages its episodes on its own observations
                 if findings or id(detector) in open_episodes:  # else nothing to record: the usual case
                     tracker.observe(detector, step, findings, detector.quiet_to_close)
             except Exception:

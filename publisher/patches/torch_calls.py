@@ -1,22 +1,30 @@
-"""Watching two kinds of torch calls the training makes: gradient clipping and the classification loss.
+"""Watching the torch calls the training makes: gradient clipping and the losses.
 
-Two silent bugs show only in *how* the loop calls torch:
+Silent bugs show only in *how* the loop calls torch:
 
 - clipping before ``loss.backward()`` (or right after ``zero_grad()``) clips nothing: the
   gradients it sees are None or zero, the step then uses the real, unclipped ones, and the
   explosion it was meant to stop shows up, much later, as a loss spike;
 - a classifier stuck at chance (labels shuffled apart from their inputs) has a loss of ``log C``
   for C classes, or the entropy of the label distribution: knowing C from the logits' shape
-  tells that apart from a slow start within a few dozen steps instead of a hundred.
+  tells that apart from a slow start within a few dozen steps instead of a hundred;
+- a loss given the wrong kind of input (probabilities where it takes logits, log-probabilities
+  where it takes probabilities) trains to a floor and stays there, and labels that cannot teach
+  (one class only, or batches each of one class) look like good training: both show in the
+  loss call's tensors (:mod:`publisher.patches.loss_look`).
 
 So :func:`install` wraps ``torch.nn.utils.clip_grad_norm_``, ``clip_grad_value_`` (both where
-users reach them: ``torch.nn.utils`` and ``torch.nn.utils.clip_grad``) and
-``torch.nn.functional.cross_entropy`` (which ``nn.CrossEntropyLoss`` calls) once per process.
-The wrappers call the original first and return its result unchanged; then, if a :class:`CallWatch`
-is registered, they note what they saw. They never read a device tensor (no synchronisation), do
-nothing while ``torch.compile`` traces, and a name bound before :func:`install` ran (``from
-torch.nn.utils import clip_grad_norm_`` at the top of a script that creates its Monitor later) is
-not seen: ``tuimon run`` installs them when torch is imported, before the script's own imports.
+users reach them: ``torch.nn.utils`` and ``torch.nn.utils.clip_grad``) and the losses of
+:data:`WATCHED_LOSSES` in ``torch.nn.functional`` (which the ``nn.*Loss`` modules call) once per
+process. ``binary_cross_entropy`` is not among them: torch itself raises when its input or target
+leaves [0, 1], so log-probabilities or logits given to it are loud already, as are class indices
+out of range in ``cross_entropy``/``nll_loss`` (an ``IndexError`` on the CPU, a device-side assert
+on CUDA). The wrappers call the original first and return its result unchanged; then, if a
+:class:`CallWatch` is registered, they note what they saw. They never read a device tensor (no
+synchronisation), do nothing while ``torch.compile`` traces, and a name bound before
+:func:`install` ran (``from torch.nn.utils import clip_grad_norm_`` at the top of a script that
+creates its Monitor later) is not seen: ``tuimon run`` installs them when torch is imported,
+before the script's own imports.
 """
 
 from __future__ import annotations
@@ -24,18 +32,29 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-#: Calls of the loss whose labels are counted for the label prior (up to
-#: :data:`MAX_COUNTED_CLASSES` classes); then the watch costs a shape read and a comparison a call.
+from publisher.patches.loss_look import LossLook, PendingLook, look
+
+#: The losses looked at: those that take logits, log-probabilities or probabilities.
+WATCHED_LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div")
+#: Looks whose labels make the label prior (of up to
+#: :data:`~publisher.patches.loss_look.MAX_COUNTED_CLASSES` classes); every call is looked at
+#: until then.
 COUNTED_CALLS = 48
-MAX_COUNTED_CLASSES = 4096
-#: Once every watch knows the classes and the prior, the loss is looked at once in this many calls
-#: (a change of the class count is rare: a second task), so that the watch costs a counter a call.
-LOOK_EVERY = 64
+#: Labels, one per example, that a constant label stream needs before it is told apart from a
+#: rare class (:class:`~publisher.detectors.labels.SingleClassLabels`): every call is looked at
+#: until they are in, for at most :data:`EAGER_CALLS` calls (tiny batches).
+EAGER_LABELS = 1400
+EAGER_CALLS = 512
+#: Then a loss is looked at once in this many of its calls: a look costs a few small reductions
+#: (~30 us on a CPU for a batch of 64 x 10 logits), so ~2 us a call, and a bug that starts later
+#: (the sorted part of a stream) is seen within a few hundred steps.
+LOOK_EVERY = 16
 #: Gradients probed, and values probed in each, to tell whether ``clip_grad_value_`` saw only zeros.
 PROBED = 16
 
@@ -44,76 +63,66 @@ PROBED = 16
 _watches: tuple[weakref.ref[CallWatch], ...] = ()
 _install_lock = threading.Lock()
 _installed = False
-_quiet_calls = 0  # calls of the loss left before the next look (:data:`LOOK_EVERY`)
+#: Calls of each watched loss left before its next look (:data:`LOOK_EVERY`).
+_quiet_calls: dict[str, int] = dict.fromkeys(WATCHED_LOSSES, 0)
 
 
 class CallWatch:
     """What the calls told one Monitor: clip calls that had nothing to clip since the last step, the
-    number of classes the loss scores, and the entropy of the labels seen (nats)."""
+    number of classes the loss scores, the entropy of the labels seen (nats), and the looks at the
+    watched losses (:class:`~publisher.patches.loss_look.LossLook`) that have reached the host."""
 
     def __init__(self, on_classes: Callable[[int, float | None], None]) -> None:
         self._on_classes = on_classes
         self.clips_without_gradients = 0
         self._classes: int | None = None
-        self._label_counts: torch.Tensor | None = None
-        self._counted = 0  # calls whose labels were counted
-        self._reading: tuple[torch.Tensor, Any] | None = None  # counts on their way to the host
+        self._label_counts: list[int] = []
+        self._counted = 0  # looks whose labels were counted for the prior
+        self._labels = 0  # class-index labels seen in looks, one per example
+        self.looked = 0  # looks taken
+        self._pending: deque[PendingLook] = deque()
 
     def take_clips_without_gradients(self) -> int:
         """How many clip calls saw no gradient since the last call of this (the Monitor's step)."""
         count, self.clips_without_gradients = self.clips_without_gradients, 0
         return count
 
-    def saw_classes(self, classes: int, target: Any) -> bool:
-        """The trained loss scored ``classes`` classes against ``target``.
+    @property
+    def eager(self) -> bool:
+        """Whether this watch wants every call looked at: the first :data:`COUNTED_CALLS`, and on
+        until :data:`EAGER_LABELS` labels, one per example, are in (at most :data:`EAGER_CALLS`)."""
+        return self.looked < COUNTED_CALLS or (self._labels < EAGER_LABELS and self.looked < EAGER_CALLS)
 
-        Class-index labels are counted for the label prior over the first :data:`COUNTED_CALLS`
-        calls, on their own device (``bincount`` is queued there like any kernel); the counts
-        then come back to the host without waiting for the device (a non-blocking copy whose
-        CUDA event is polled on later calls). Probability targets are not counted. Tells the
-        owner on the first call and once the prior is known. True once there is nothing left to
-        count or read (only a change of the class count is news).
-        """
-        if classes == self._classes and self._counted >= COUNTED_CALLS and self._reading is None:
-            return True
-        if classes != self._classes:
-            self._classes, self._label_counts, self._counted, self._reading = classes, None, 0, None
-        if self._counted < COUNTED_CALLS:
-            self._count(classes, target)
-            if self._counted == 1:
-                self._on_classes(classes, None)
-        if self._reading is not None and (self._reading[1] is None or self._reading[1].query()):
-            counts, self._reading = self._reading[0], None
-            self._on_classes(classes, label_entropy(counts))
-        return False
+    def saw(self, pending: PendingLook) -> None:
+        """A look was taken (training thread): tell the owner when the class count is new."""
+        classes = pending.classes
+        self.looked += 1
+        self._pending.append(pending)
+        if classes >= 2 and classes != self._classes:
+            self._classes, self._label_counts, self._counted = classes, [], 0
+            self._on_classes(classes, None)
 
-    def _count(self, classes: int, target: Any) -> None:
-        if (not isinstance(target, torch.Tensor) or target.is_floating_point() or target.is_complex()
-                or classes > MAX_COUNTED_CLASSES):
-            self._counted = COUNTED_CALLS  # nothing to count: the prior stays unknown
+    def take_looks(self) -> list[LossLook]:
+        """The looks that have reached the host since the last call (the Monitor's step), in order.
+        The labels of the first :data:`COUNTED_CALLS` looks of the current class count make the
+        label prior, told to the owner once known."""
+        pending, looks = self._pending, []
+        while pending and pending[0].landed():
+            found = pending.popleft().read()
+            looks.append(found)
+            if found.labels is not None:
+                self._labels += sum(found.labels[:-1]) if found.per_example else 0
+                self._count(found)
+        return looks
+
+    def _count(self, found: LossLook) -> None:
+        if found.classes != self._classes or self._counted >= COUNTED_CALLS or found.labels is None:
             return
-        labels = target.detach().reshape(-1).long()
-        # Labels outside [0, C) (ignore_index, -100) go to an extra bucket. Not bincount, nor a
-        # boolean mask: both need the result's size on the host, a device synchronisation.
-        labels = labels.masked_fill((labels < 0) | (labels >= classes), classes)
-        if self._label_counts is None:
-            self._label_counts = torch.zeros(classes + 1, dtype=torch.long, device=labels.device)
-        self._label_counts.index_add_(0, labels, torch.ones_like(labels))
+        counts = self._label_counts or [0] * found.classes
+        self._label_counts = [a + b for a, b in zip(counts, found.labels, strict=False)]
         self._counted += 1
         if self._counted == COUNTED_CALLS:
-            self._reading = _to_host(self._label_counts[:classes])
-
-
-def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """Start copying ``tensor`` to the host: (the host tensor, a CUDA event that says when it has
-    landed, or None when it is there already)."""
-    if tensor.device.type != "cuda":
-        return tensor.cpu(), None
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    host.copy_(tensor, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
+            self._on_classes(found.classes, label_entropy(torch.tensor(self._label_counts)))
 
 
 def label_entropy(counts: torch.Tensor) -> float | None:
@@ -133,11 +142,11 @@ def watch(on_classes: Callable[[int, float | None], None]) -> CallWatch:
     """Install the wrappers (once per process) and register a new watch; it lives as long as its
     owner keeps a reference to it."""
     install()
-    global _watches, _quiet_calls
+    global _watches
     call_watch = CallWatch(on_classes)
     with _install_lock:
         _watches = (*_watches, weakref.ref(call_watch))
-        _quiet_calls = 0  # the new watch sees the next call
+        _quiet_calls.update(dict.fromkeys(WATCHED_LOSSES, 0))  # the new watch sees the next calls
     return call_watch
 
 
@@ -152,7 +161,7 @@ def _live_watches() -> list[CallWatch]:
 
 
 def install() -> None:
-    """Wrap the clip functions and ``cross_entropy`` where users reach them; idempotent."""
+    """Wrap the clip functions and the watched losses where users reach them; idempotent."""
     global _installed
     with _install_lock:
         if _installed:
@@ -167,7 +176,8 @@ def install() -> None:
                 original = getattr(module, name, None)
                 if original is not None and not getattr(original, "_tuimon_wrapped", False):
                     setattr(module, name, _clip_wrapper(original))
-        functional.cross_entropy = _cross_entropy_wrapper(functional.cross_entropy)
+        for name in WATCHED_LOSSES:
+            setattr(functional, name, _loss_wrapper(name, getattr(functional, name)))
 
 
 #: True while torch.compile traces (the watches then stay out of the graph).
@@ -225,32 +235,31 @@ def _all_zero(grads: list[torch.Tensor]) -> bool:
     return True
 
 
-def _cross_entropy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+def _loss_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def cross_entropy(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        global _quiet_calls
+    def loss(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         result = original(input, target, *args, **kwargs)
-        if _quiet_calls:
-            _quiet_calls -= 1
+        if _quiet_calls[name]:
+            _quiet_calls[name] -= 1
         elif _watches and not _compiling():
             try:  # noqa: SIM105 (a plain try costs less than contextlib.suppress on every call)
-                _saw_classification(input, target)
+                _look(name, input, target, kwargs.get("log_target", False))
             except Exception:  # nothing must ever break the user's loss
                 pass
         return result
 
-    return cross_entropy
+    return loss
 
 
-def _saw_classification(input: torch.Tensor, target: torch.Tensor) -> None:
-    """C from the logits' shape ((N, C, ...) or (C,)). Only a loss that is being trained counts
-    (logits that require grad): not an evaluation or a metric."""
+def _look(name: str, input: torch.Tensor, target: Any, log_target: bool) -> None:
+    """Look at a call (:mod:`publisher.patches.loss_look`) and hand the look to every watch. Only a
+    loss that is being trained counts (an input that requires grad): not an evaluation or a
+    metric. The next call is looked at too while a watch is :attr:`~CallWatch.eager`."""
     if not isinstance(input, torch.Tensor) or not input.requires_grad:
         return
-    shape = input.shape
-    classes = shape[1] if len(shape) >= 2 else shape[0] if shape else 0
-    if classes >= 2:
-        settled = [call_watch.saw_classes(classes, target) for call_watch in _live_watches()]
-        if all(settled):
-            global _quiet_calls
-            _quiet_calls = LOOK_EVERY - 1
+    pending = look(name, input, target, bool(log_target))
+    watches = _live_watches()
+    for call_watch in watches:
+        call_watch.saw(pending)
+    if not any(call_watch.eager for call_watch in watches):
+        _quiet_calls[name] = LOOK_EVERY - 1

@@ -8,6 +8,7 @@ Reading a CUDA scalar (``.item()``) waits for the GPU; so a number on the CPU is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -16,14 +17,17 @@ from publisher.readings.batches import BatchPrint
 
 class StepReadings:
     """``metrics``: the numbers already on the host; ``waiting``: (name, device scalar) pairs;
-    ``batches``: the fingerprints of the batches the step consumed."""
+    ``batches``: the fingerprints of the batches the step consumed; ``looks``: the looks at its loss
+    calls that reached the host since the previous step."""
 
-    __slots__ = ("batches", "metrics", "waiting")
+    __slots__ = ("batches", "looks", "metrics", "waiting")
 
     def __init__(self) -> None:
         self.metrics: dict[str, float] = {}
         self.waiting: list[tuple[str, torch.Tensor]] = []
         self.batches: tuple[BatchPrint, ...] = ()
+        # publisher.patches.loss_look.LossLook: a sibling layer, named here only by its type's name.
+        self.looks: tuple[Any, ...] = ()
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         """A number or a one-element tensor: read now if it is on the CPU, else set aside."""

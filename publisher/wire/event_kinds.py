@@ -31,6 +31,8 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("update_ratio", "warning", "weight update / weight ratio out of range"),
         EventKind("chance_loss", "warning", "the loss sits at chance level: the model learns nothing"),
         EventKind("clip_noop", "warning", "gradient clipping ran before there were gradients to clip"),
+        EventKind("loss_input_mismatch", "warning",
+                  "a loss given the wrong kind of input (probabilities where it takes logits, ...)"),
         # Speed.
         EventKind("throughput_drop", "warning", "throughput fell well below its recent level"),
         EventKind("step_time_outlier", "info", "one step took far longer than usual"),
@@ -47,6 +49,8 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("baseline_departure", "warning", "the run left its baseline's band (loss, throughput)"),
         # Data.
         EventKind("duplicate_batches", "warning", "the same batches come again (across workers or epochs)"),
+        EventKind("single_class_labels", "warning", "every training label is the same class"),
+        EventKind("class_sorted_batches", "warning", "each batch holds one class while the data holds many"),
         # GPUs (NVML).
         EventKind("gpu_imbalance", "warning", "one GPU is far less busy than the others"),
         EventKind("gpu_low_util", "warning", "GPUs are mostly idle"),

@@ -1,0 +1,175 @@
+"""What one look at a loss call measures: a few numbers about its input and target, and the labels.
+
+A look is queued on the tensors' own device (a handful of reductions, and for class-index targets
+one ``index_add_`` of ones into a histogram, the way the label prior is counted) and all of it
+comes back to the host in one non-blocking copy, read when it has landed (its CUDA event is
+polled, never waited on). The verdicts are the detectors' (:mod:`publisher.detectors.loss_inputs`,
+:mod:`publisher.detectors.labels`); here is only what they need, and the user's line that made the
+call, read from the caller's frames at the look (a few frame hops, only on looked-at calls).
+
+The numbers of a tensor read along its distribution dimension (the class dimension, 1, of
+``cross_entropy``/``nll_loss``; the last one of ``kl_div``): its smallest and largest value, the
+largest distance of a row's sum from 1 (probabilities have 0) and of a row's ``logsumexp`` from 0
+(log-probabilities have 0). A loss that reads its input element by element
+(``binary_cross_entropy_with_logits``) has no rows: those two are NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Class counts up to which the labels of a class-index target are counted (a histogram of C + 1
+#: numbers comes back with the look; a vocabulary of 50,000 tokens is not a label set worth it).
+MAX_COUNTED_CLASSES = 4096
+#: Numbers a look keeps of one tensor: min, max, max |row sum - 1|, max |row logsumexp|.
+STATS = 4
+#: Frames under these folders are torch's or tuimon's own, not the user's call.
+_OWN_FOLDERS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass(frozen=True, slots=True)
+class TensorStats:
+    """A tensor as a loss saw it: shape, dtype and its four numbers (see the module's docstring)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    min: float
+    max: float
+    row_sum_error: float  # NaN: no rows
+    row_logsumexp: float  # NaN: no rows
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def probabilities(self, tolerance: float = 1e-3) -> bool:
+        """Every value in [0, 1] and, where there are rows, every row summing to 1."""
+        in_unit = self.min >= 0.0 and self.max <= 1.0
+        return in_unit and (math.isnan(self.row_sum_error) or self.row_sum_error <= tolerance)
+
+    def log_probabilities(self, tolerance: float = 1e-3) -> bool:
+        """Every value <= 0 and every row's ``logsumexp`` 0 (rows needed)."""
+        return self.max <= tolerance and self.row_logsumexp <= tolerance
+
+
+@dataclass(frozen=True, slots=True)
+class LossLook:
+    """One looked-at call of a watched loss, on the host.
+
+    ``classes``: C, the class dimension's size, for ``cross_entropy``/``nll_loss`` (0 otherwise);
+    ``labels``: for class-index targets of at most :data:`MAX_COUNTED_CLASSES` classes, the count
+    of each class in the call's target (index C: labels outside [0, C), such as ``ignore_index``),
+    else None; ``per_example``: the target holds one label per example (shape (N,)), not one per
+    token or pixel. ``site``: ``file:line`` of the user's call.
+    """
+
+    function: str
+    input: TensorStats
+    target: TensorStats | None  # None: class indices (or not a tensor)
+    target_shape: tuple[int, ...]
+    target_dtype: str
+    log_target: bool
+    classes: int
+    labels: tuple[int, ...] | None
+    per_example: bool
+    site: str
+
+
+class PendingLook:
+    """A look whose numbers are on their way to the host; :meth:`landed` says when to read them."""
+
+    __slots__ = ("_event", "_host", "_meta")
+
+    def __init__(self, meta: dict[str, Any], values: torch.Tensor) -> None:
+        self._meta = meta
+        if values.device.type == "cuda":
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._event: Any = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = values.cpu(), None
+
+    @property
+    def classes(self) -> int:
+        """C of a ``cross_entropy``/``nll_loss`` call (0 for the others)."""
+        return int(self._meta["classes"])
+
+    def landed(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def read(self) -> LossLook:
+        """The look on the host (call once :meth:`landed` says so)."""
+        values = self._host.tolist()
+        meta = self._meta
+        target = _stats(meta["target_shape"], meta["target_dtype"], values[STATS:2 * STATS]) \
+            if meta["target_stats"] else None
+        labels = tuple(int(v) for v in values[2 * STATS:]) if meta["counted"] else None
+        return LossLook(meta["function"], _stats(meta["input_shape"], meta["input_dtype"], values[:STATS]),
+                        target, meta["target_shape"], meta["target_dtype"], meta["log_target"],
+                        meta["classes"], labels, meta["per_example"], meta["site"])
+
+
+def _stats(shape: tuple[int, ...], dtype: str, values: list[float]) -> TensorStats:
+    return TensorStats(shape, dtype, *values)
+
+
+def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> PendingLook:
+    """Queue the look's numbers on the input's device and start their copy to the host."""
+    classes = input.shape[1] if function in ("cross_entropy", "nll_loss") and input.ndim >= 2 else 0
+    row_dim = None if function == "binary_cross_entropy_with_logits" else (1 if classes else -1)
+    parts = [_numbers(input, row_dim)]
+    is_tensor = isinstance(target, torch.Tensor)
+    float_target = is_tensor and target.is_floating_point()
+    if float_target:
+        parts.append(_numbers(target, row_dim))
+    else:
+        parts.append(torch.full((STATS,), math.nan, device=input.device))
+    counted = (is_tensor and not float_target and not target.is_complex()
+               and 2 <= classes <= MAX_COUNTED_CLASSES)
+    if counted:
+        parts.append(_histogram(target, classes).to(torch.float32))
+    meta = {
+        "function": function, "input_shape": tuple(input.shape),
+        "input_dtype": str(input.dtype).removeprefix("torch."),
+        "target_shape": tuple(target.shape) if is_tensor else (),
+        "target_dtype": str(target.dtype).removeprefix("torch.") if is_tensor else type(target).__name__,
+        "target_stats": float_target, "log_target": log_target, "classes": classes, "counted": counted,
+        "per_example": is_tensor and target.ndim == 1, "site": call_site(),
+    }
+    return PendingLook(meta, torch.cat(parts))
+
+
+def _numbers(tensor: torch.Tensor, row_dim: int | None) -> torch.Tensor:
+    """The four numbers of the module's docstring, as one float32 tensor on the tensor's device."""
+    values = tensor.detach().float()
+    low, high = values.aminmax()
+    if row_dim is None or values.ndim == 0:
+        nan = torch.full((), math.nan, device=values.device)
+        return torch.stack([low, high, nan, nan])
+    sums = (values.sum(row_dim) - 1).abs().amax()
+    logsumexp = values.logsumexp(row_dim).abs().amax()
+    return torch.stack([low, high, sums, logsumexp])
+
+
+def _histogram(target: torch.Tensor, classes: int) -> torch.Tensor:
+    """How many labels of each class, and (last) outside [0, C). Not ``bincount``, nor a boolean
+    mask: both need the result's size on the host, a device synchronisation."""
+    labels = target.detach().reshape(-1).long()
+    labels = labels.masked_fill((labels < 0) | (labels >= classes), classes)
+    counts = torch.zeros(classes + 1, dtype=torch.long, device=labels.device)
+    return counts.index_add_(0, labels, torch.ones_like(labels))
+
+
+def call_site() -> str:
+    """``file:line`` of the innermost frame outside torch and tuimon (the user's loss call)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_FOLDERS):
+        frame = frame.f_back  # type: ignore[assignment]
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
