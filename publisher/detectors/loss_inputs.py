@@ -58,7 +58,8 @@ def mismatches(look: LossLook) -> list[Mismatch]:
         alternative = ", or use cross_entropy" if name == "nll_loss" else ""
         found.append(Mismatch("logits_as_log_probabilities", f"the input ({shape}) is not log-probabilities "
                               f"(largest value {fmt(given.max)} > 0, a row's logsumexp "
-                              f"{fmt(given.row_logsumexp)} from 0): logits, but {name} takes log-probabilities",
+                              f"{fmt(given.row_logsumexp)} from 0): logits, but {name} takes "
+                              "log-probabilities",
                               "apply log_softmax first" + alternative))
     if target is None:
         return found
@@ -69,8 +70,9 @@ def mismatches(look: LossLook) -> list[Mismatch]:
                               "give 0/1 (or soft) targets; several classes need cross_entropy"))
     elif name == "cross_entropy" and target.min < -_TOLERANCE:
         found.append(Mismatch("log_probabilities_as_target", "the soft target holds negative values (down "
-                              f"to {fmt(target.min)}): log-probabilities, but cross_entropy takes probabilities "
-                              "as a soft target", "exponentiate the target (softmax, not log_softmax)"))
+                              f"to {fmt(target.min)}): log-probabilities, but cross_entropy takes "
+                              "probabilities as a soft target",
+                              "exponentiate the target (softmax, not log_softmax)"))
     elif name == "kl_div" and not look.log_target and target.min < -_TOLERANCE:
         found.append(Mismatch("log_probabilities_as_target", f"the target holds negative values (down to "
                               f"{fmt(target.min)}): log-probabilities, but kl_div takes probabilities unless "
