@@ -650,6 +650,65 @@ def classify(model: Callable[[torch.Tensor], torch.Tensor], batch: tuple[torch.T
     return _seen(loss)
 
 
+def fit(model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """zero_grad, forward, ``loss(output, target)`` (``F.cross_entropy``, looked up at the call as a
+    script's own call would be), backward, step; returns the loss."""
+    x, y = batch
+    optimizer.zero_grad()
+    value = (loss or nn.functional.cross_entropy)(model(x), y)
+    value.backward()
+    optimizer.step()
+    return _seen(value)
+
+
+def cnn(classes: int = 10, seed: int = 0, head: nn.Module | None = None) -> nn.Sequential:
+    """A tiny convolutional classifier of 1x8x8 images, seeded; ``head``: a layer after the logits
+    (a bug's ``Softmax``)."""
+    torch.manual_seed(seed)
+    layers = [nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(128, classes)]
+    return nn.Sequential(*layers, *([head] if head is not None else []))
+
+
+def images(count: int, classes: int = 10, seed: int = 0) -> torch.utils.data.TensorDataset:
+    """``count`` 1x8x8 images in random class order: a fixed random pattern per class, plus noise."""
+    g = torch.Generator().manual_seed(3000 + seed)
+    patterns = torch.randn(classes, 1, 8, 8, generator=g)
+    y = torch.randint(classes, (count,), generator=g)
+    return torch.utils.data.TensorDataset(patterns[y] + 0.8 * torch.randn(count, 1, 8, 8, generator=g), y)
+
+
+def sorted_by_class(data: torch.utils.data.TensorDataset) -> torch.utils.data.TensorDataset:
+    """The same examples stored class by class (as an ``ImageFolder`` lists them)."""
+    x, y = data.tensors
+    order = torch.argsort(y, stable=True)
+    return torch.utils.data.TensorDataset(x[order], y[order])
+
+
+class TinyTransformer(nn.Module):
+    """A one-layer transformer encoder that classifies token sequences (mean-pooled), seeded."""
+
+    def __init__(self, vocab: int = 32, classes: int = 4, dim: int = 16, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(vocab, dim)
+        self.encoder = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+
+
+def token_labels(steps: int, batch: int = 32, length: int = 8, vocab: int = 32, classes: int = 4, seed: int = 0
+                 ) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+    """``(step, (tokens, y))``: random sequences labelled by their first token (mod ``classes``)."""
+    g = torch.Generator().manual_seed(4000 + seed)
+    for step in range(steps):
+        tokens = torch.randint(vocab, (batch, length), generator=g)
+        yield step, (tokens, tokens[:, 0] % classes)
+
+
 def _seen(loss: torch.Tensor) -> torch.Tensor:
     """The loss, detached, after telling the active run about it (its next step reports it)."""
     loss = loss.detach()
