@@ -1,11 +1,12 @@
 """Checks that read how the loop uses data and torch: repeated batches, clipping that clips nothing,
-a classifier stuck at chance. Real DataLoaders (worker processes included), real training loops
+a classifier stuck at chance, a loss given the wrong kind of input, labels that cannot teach. Real
+DataLoaders (worker processes included), real training loops
 on the CPU, the Monitor's recording read back."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,11 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomS
 
 from publisher.detectors import Finding
 from publisher.detectors.data import DuplicateBatches
+from publisher.detectors.labels import ClassSortedBatches, SingleClassLabels, poisson_binomial_tail
+from publisher.detectors.loss_inputs import LossInputMismatch, mismatches
 from publisher.monitor import Monitor
 from publisher.patches import torch_calls
+from publisher.patches.loss_look import LossLook
 from publisher.readings.batches import LoaderBook, loader_shuffles
 
 
@@ -230,6 +234,7 @@ def test_the_watched_calls_return_what_torch_returns_and_count_the_labels() -> N
         assert seen == [(10, None)], "the class count at once, the prior once the labels are counted"
         for _ in range(torch_calls.COUNTED_CALLS - 1):
             torch.nn.functional.cross_entropy(model(x), y)
+        assert len(watch.take_looks()) == torch_calls.COUNTED_CALLS  # the Monitor's step takes them
     finally:
         torch_calls.unwatch(watch)
     shares = torch.bincount(y, minlength=10).double() / 32
@@ -280,3 +285,164 @@ def test_one_corrupted_batch_does_not_put_a_learned_classifier_at_chance(tmp_pat
     events = train_classifier(tmp_path, "corrupted", "learnable", steps=360, corrupt_at=300)
     assert events.get("loss_spike") == 300, events
     assert "chance_loss" not in events
+
+
+F = torch.nn.functional
+
+
+def looks_of(*calls: Callable[[], Any]) -> list[LossLook]:
+    """The looks a watch takes at the losses ``calls`` make, taken after each as a Monitor's step does."""
+    watch, looks = torch_calls.watch(lambda classes, entropy: None), []
+    try:
+        for call in calls:
+            call()
+            looks += watch.take_looks()
+        return looks
+    finally:
+        torch_calls.unwatch(watch)
+
+
+def trained_logits(rows: int = 32, classes: int = 10) -> torch.Tensor:
+    torch.manual_seed(rows + classes)
+    return torch.nn.Linear(16, classes)(torch.randn(rows, 16))
+
+
+LABELS = torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(0))
+BINARY = (torch.rand(32, 1, generator=torch.Generator().manual_seed(1)) < 0.3).float()
+TEACHER = torch.randn(32, 10, generator=torch.Generator().manual_seed(2))
+
+WRONG = {
+    "softmax then cross_entropy": (lambda: F.cross_entropy(trained_logits().softmax(1), LABELS),
+                                   "probabilities_as_logits"),
+    "sigmoid then BCEWithLogitsLoss": (
+        lambda: torch.nn.BCEWithLogitsLoss()(trained_logits(32, 1).sigmoid(), BINARY),
+        "probabilities_as_logits"),
+    "softmax then nll_loss": (lambda: F.nll_loss(trained_logits().softmax(1), LABELS),
+                              "probabilities_as_log_probabilities"),
+    "logits then nll_loss": (lambda: F.nll_loss(trained_logits(), LABELS), "logits_as_log_probabilities"),
+    "softmax then kl_div": (
+        lambda: F.kl_div(trained_logits().softmax(1), TEACHER.softmax(1), reduction="batchmean"),
+        "probabilities_as_log_probabilities"),
+    "log-probabilities as kl_div's target": (
+        lambda: F.kl_div(trained_logits().log_softmax(1), TEACHER.log_softmax(1), reduction="batchmean"),
+        "log_probabilities_as_target"),
+    "probabilities said to be log_target": (
+        lambda: F.kl_div(trained_logits().log_softmax(1), TEACHER.softmax(1), reduction="batchmean",
+                         log_target=True),
+        "probabilities_as_log_target"),
+    "log-probabilities as a soft target": (lambda: F.cross_entropy(trained_logits(), TEACHER.log_softmax(1)),
+                                           "log_probabilities_as_target"),
+    "class ids as BCE targets": (
+        lambda: F.binary_cross_entropy_with_logits(trained_logits(32, 1), BINARY * 2), "target_out_of_range"),
+}
+RIGHT = {
+    "logits to cross_entropy": lambda: F.cross_entropy(trained_logits(), LABELS),
+    "label smoothing": lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.1)(trained_logits(), LABELS),
+    "log_softmax to cross_entropy": lambda: F.cross_entropy(trained_logits().log_softmax(1), LABELS),
+    "soft targets": lambda: F.cross_entropy(trained_logits(), TEACHER.softmax(1)),
+    "log_softmax then nll_loss": lambda: torch.nn.NLLLoss()(trained_logits().log_softmax(1), LABELS),
+    "distillation at T=4": lambda: F.kl_div((trained_logits() / 4).log_softmax(1), (TEACHER / 4).softmax(1),
+                                            reduction="batchmean"),
+    "kl_div on log-probabilities both": lambda: F.kl_div(
+        trained_logits().log_softmax(1), TEACHER.log_softmax(1), reduction="batchmean", log_target=True),
+    "logits to BCEWithLogitsLoss": lambda: torch.nn.BCEWithLogitsLoss()(trained_logits(32, 1), BINARY),
+    "soft BCE targets": lambda: F.binary_cross_entropy_with_logits(trained_logits(32, 1), 0.9 * BINARY + 0.1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG))
+def test_a_loss_given_the_wrong_kind_of_input_is_named_with_its_call(case: str) -> None:
+    call, problem = WRONG[case]
+    [look] = looks_of(call)
+    assert [m.problem for m in mismatches(look)] == [problem]
+    assert look.site.startswith(__file__), "the user's line, not torch's nor tuimon's"
+    findings = LossInputMismatch().observe_loss_calls(7, looks_of(call, call, call))
+    [finding] = findings
+    assert finding.kind == "loss_input_mismatch" and finding.details["problem"] == problem
+    assert finding.details["input_shape"] == list(look.input.shape) and finding.details["step"] == 7
+
+
+@pytest.mark.parametrize("case", sorted(RIGHT))
+def test_correct_uses_of_the_losses_are_quiet(case: str) -> None:
+    [look] = looks_of(RIGHT[case])
+    assert mismatches(look) == []
+
+
+def test_a_few_values_in_the_unit_interval_are_not_yet_evidence() -> None:
+    """Two logits a call, all in [0, 1] by chance (1 in 4): 40 values are needed, 20 looks."""
+    detector = LossInputMismatch()
+    logits = torch.tensor([[0.3], [0.8]], requires_grad=True)
+    call = lambda: F.binary_cross_entropy_with_logits(logits, torch.ones(2, 1))  # noqa: E731
+    assert detector.observe_loss_calls(1, looks_of(*[call] * 19)) == []
+    assert detector.observe_loss_calls(2, looks_of(call))
+
+
+def test_the_watched_losses_return_what_torch_returns_and_out_of_range_labels_still_raise() -> None:
+    logits = trained_logits()
+    watch = torch_calls.watch(lambda classes, entropy: None)
+    try:
+        unwrapped = F.cross_entropy.__wrapped__  # type: ignore[attr-defined]
+        assert F.cross_entropy(logits, LABELS).item() == unwrapped(logits, LABELS).item()
+        with pytest.raises(IndexError, match="out of bounds"):  # torch says it loudly: left to it
+            F.cross_entropy(logits, LABELS + 1)
+    finally:
+        torch_calls.unwatch(watch)
+
+
+def test_after_the_first_calls_a_loss_is_looked_at_once_in_sixteen() -> None:
+    logits = trained_logits(64)
+    labels = torch.randint(0, 10, (64,))
+    looks = looks_of(*[lambda: F.cross_entropy(logits, labels)] * (torch_calls.COUNTED_CALLS + 16 * 10))
+    assert len(looks) == torch_calls.COUNTED_CALLS + 10
+    small = torch.randint(0, 10, (2,))
+    tiny = looks_of(*[lambda: F.cross_entropy(logits[:2], small)] * (torch_calls.EAGER_CALLS + 16))
+    assert len(tiny) == torch_calls.EAGER_CALLS + 1, "tiny batches: every one of the first 512 calls"
+
+
+def label_looks(batches: Iterable[torch.Tensor], classes: int = 10) -> list[LossLook]:
+    logits = trained_logits(1, classes).detach().requires_grad_()
+    return looks_of(*[lambda y=y: F.cross_entropy(logits.expand(len(y), classes), y) for y in batches])
+
+
+def test_a_constant_label_stream_is_named_once_1400_labels_are_in() -> None:
+    detector = SingleClassLabels()
+    looks = label_looks([torch.zeros(64, dtype=torch.long)] * 22)
+    assert detector.observe_loss_calls(21, looks[:21]) == []  # 1,344 labels
+    [finding] = detector.observe_loss_calls(22, looks[21:])
+    assert finding.details["label_counts"] == {0: 22 * 64} and finding.details["classes"] == 10
+
+
+def test_rare_positives_and_token_targets_are_not_a_constant_stream() -> None:
+    g = torch.Generator().manual_seed(3)
+    rare = [(torch.rand(16, generator=g) < 0.05).long() for _ in range(200)]
+    assert SingleClassLabels().observe_loss_calls(200, label_looks(rare, classes=2)) == []
+    tokens = torch.zeros(8, 200, dtype=torch.long)  # one label per token: left alone
+    logits = torch.randn(8, 10, 200, requires_grad=True)
+    assert SingleClassLabels().observe_loss_calls(1, looks_of(lambda: F.cross_entropy(logits, tokens))) == []
+
+
+def test_batches_each_of_one_class_from_a_mixed_stream_are_named_after_the_first_block() -> None:
+    blocks = [torch.full((16,), k) for k in range(10) for _ in range(4)]
+    detector, fired = ClassSortedBatches(), None
+    for step, look in enumerate(label_looks(blocks), start=1):
+        if detector.observe_loss_calls(step, [look]) and fired is None:
+            fired = step
+    assert fired == 6, "block 0 is batches 1-4: the second class comes with batch 5"
+
+
+@pytest.mark.parametrize("stream", ["5 % positives", "batches of 2", "batches of 4"])
+def test_one_class_batches_that_shuffling_explains_are_quiet(stream: str) -> None:
+    g = torch.Generator().manual_seed(4)
+    if stream == "5 % positives":
+        batches, classes = [(torch.rand(8, generator=g) < 0.05).long() for _ in range(400)], 2
+    else:
+        size = int(stream.split()[-1])
+        batches, classes = [torch.randint(0, 10, (size,), generator=g) for _ in range(400)], 10
+    detector = ClassSortedBatches()
+    assert [f for look in label_looks(batches, classes) for f in detector.observe_loss_calls(1, [look])] == []
+
+
+def test_the_tail_of_one_class_batches_is_the_binomial_one_when_the_chances_are_equal() -> None:
+    assert poisson_binomial_tail([0.3] * 10, 4) == pytest.approx(
+        sum(math.comb(10, k) * 0.3**k * 0.7 ** (10 - k) for k in range(4, 11)))
+    assert poisson_binomial_tail([0.5, 0.5], 0) == 1.0

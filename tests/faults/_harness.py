@@ -667,7 +667,8 @@ def cnn(classes: int = 10, seed: int = 0, head: nn.Module | None = None) -> nn.S
     """A tiny convolutional classifier of 1x8x8 images, seeded; ``head``: a layer after the logits
     (a bug's ``Softmax``)."""
     torch.manual_seed(seed)
-    layers = [nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(128, classes)]
+    layers = [nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+              nn.Linear(128, classes)]
     return nn.Sequential(*layers, *([head] if head is not None else []))
 
 
@@ -693,15 +694,16 @@ class TinyTransformer(nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         self.embed = nn.Embedding(vocab, dim)
-        self.encoder = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0,
+                                                  batch_first=True)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
 
 
-def token_labels(steps: int, batch: int = 32, length: int = 8, vocab: int = 32, classes: int = 4, seed: int = 0
-                 ) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+def token_labels(steps: int, batch: int = 32, length: int = 8, vocab: int = 32, classes: int = 4,
+                 seed: int = 0) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
     """``(step, (tokens, y))``: random sequences labelled by their first token (mod ``classes``)."""
     g = torch.Generator().manual_seed(4000 + seed)
     for step in range(steps):
