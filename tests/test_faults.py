@@ -5,7 +5,7 @@ Here they run as real subprocesses watched by the real :class:`~publisher.monito
 (detectors, per-layer samples and invariants on, publishing over ZeroMQ with a JSON Lines
 recording); the assertions read the recordings only. A fault script must raise its expected event
 kind within its allowed number of steps (or seconds) after the trigger and no alarm before it; a
-healthy script must raise no warning and no critical event at all. Two scripts also run unmodified
+healthy script must raise no warning and no critical event at all. Some scripts also run unmodified
 under ``tuimon run`` (zero-code mode) and must be caught the same way.
 
 Detection delay is measured from the recordings, in steps and seconds, and
@@ -83,6 +83,7 @@ def test_the_suite_covers_the_bug_classes() -> None:
         "chance_loss", "duplicate_batches",
         "optimizer_noop", "stale_gradients", "missing_gradient", "eval_mode_training",  # invariants
         "replica_divergence", "frozen_param_changed", "tie_broken", "clip_noop",
+        "loss_input_mismatch", "single_class_labels", "class_sorted_batches",  # the loss call's tensors
     } <= expected
     assert len(HEALTHY_CASES) >= 25
     assert {"fault_debug_slowdown", "fault_kept_graph_leak", "fault_eval_after_validation",
@@ -161,7 +162,8 @@ def tuimon_run(tmp_path: Path, script: str, *options: str) -> list[h.Recording]:
     return [h.Recording.from_jsonl(paths[0])]
 
 
-@pytest.mark.parametrize("script", ["fault_nan_loss", "fault_missing_zero_grad", "fault_vanishing_gradients"])
+@pytest.mark.parametrize("script", ["fault_nan_loss", "fault_missing_zero_grad", "fault_vanishing_gradients",
+                                    "fault_softmax_cross_entropy_cnn", "fault_class_sorted_batches"])
 def test_an_unmodified_script_under_tuimon_run_is_caught_the_same_way(
     suite: Path, tmp_path: Path, script: str
 ) -> None:
