@@ -368,13 +368,25 @@ def test_correct_uses_of_the_losses_are_quiet(case: str) -> None:
     assert mismatches(look) == []
 
 
-def test_a_few_values_in_the_unit_interval_are_not_yet_evidence() -> None:
-    """Two logits a call, all in [0, 1] by chance (1 in 4): 40 values are needed, 20 looks."""
-    detector = LossInputMismatch()
-    logits = torch.tensor([[0.3], [0.8]], requires_grad=True)
-    call = lambda: F.binary_cross_entropy_with_logits(logits, torch.ones(2, 1))  # noqa: E731
-    assert detector.observe_loss_calls(1, looks_of(*[call] * 19)) == []
-    assert detector.observe_loss_calls(2, looks_of(call))
+def test_logits_that_happen_to_lie_in_the_unit_interval_are_not_probabilities() -> None:
+    """A fresh discriminator's logits sit in [0, 1] for dozens of steps (its bias): only a sigmoid's
+    output, seen through views, is taken for probabilities; and a sigmoid of a batch of 2 needs
+    more looks (40 values)."""
+    torch.manual_seed(0)
+    discriminator = torch.nn.Linear(2, 1)
+    torch.nn.init.constant_(discriminator.bias, 0.5)
+    torch.nn.init.normal_(discriminator.weight, std=0.01)
+    x, ones = torch.randn(32, 2), torch.ones(32)
+    fresh = lambda: F.binary_cross_entropy_with_logits(discriminator(x).squeeze(1), ones)  # noqa: E731
+    assert [look.input.min >= 0 for look in looks_of(fresh)] == [True]
+    assert LossInputMismatch().observe_loss_calls(1, looks_of(*[fresh] * 10)) == []
+    squashed = lambda: F.binary_cross_entropy_with_logits(discriminator(x).sigmoid().squeeze(1), ones)  # noqa: E731
+    [look] = looks_of(squashed)
+    assert look.made_by == "Sigmoid" and [m.problem for m in mismatches(look)] == ["probabilities_as_logits"]
+    detector, pair = LossInputMismatch(), lambda: F.binary_cross_entropy_with_logits(
+        discriminator(x[:2]).sigmoid(), ones[:2, None])
+    assert detector.observe_loss_calls(1, looks_of(*[pair] * 19)) == []
+    assert detector.observe_loss_calls(2, looks_of(pair))
 
 
 def test_the_watched_losses_return_what_torch_returns_and_out_of_range_labels_still_raise() -> None:

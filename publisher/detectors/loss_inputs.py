@@ -16,6 +16,8 @@ from publisher.patches.loss_look import LossLook
 
 #: A value this far outside a range still counts as inside it (float rounding of a softmax).
 _TOLERANCE = 1e-3
+#: The operations whose output is probabilities (an input made by one, through views, is one).
+_SQUASHING = ("Sigmoid", "Softmax")
 #: How far a row's logsumexp may be from 0 and still be log-probabilities (bf16 rounding).
 _LOG_TOLERANCE = 0.05
 
@@ -33,12 +35,15 @@ def mismatches(look: LossLook) -> list[Mismatch]:
     """What is wrong with one call, from its numbers alone (empty: nothing).
 
     Each test names a property that the right kind of tensor cannot lack and the wrong kind
-    cannot escape: logits of a trained (or freshly initialised) model are not all in [0, 1] with
-    every row summing to 1; log-probabilities are never above 0 and their rows' logsumexp is 0;
-    probabilities are never below 0. Correct uses stay quiet: probabilities as *targets* (soft
-    labels, label smoothing, distillation at any temperature), ``log_softmax`` then ``nll_loss``
-    or ``kl_div``, and ``log_softmax`` output given to ``cross_entropy`` (log_softmax is
-    idempotent, so that one trains correctly).
+    cannot escape: logits are not all in [0, 1] with every row summing to 1; log-probabilities
+    are never above 0 and their rows' logsumexp is 0; probabilities are never below 0. An
+    element-wise input (one logit per example) has no rows, and a fresh model's logits all sit
+    in [0, 1] for dozens of steps when its bias is there (a GAN's discriminator, in the suite):
+    there the input must also be the output of a sigmoid or softmax, read from the autograd
+    graph (:func:`~publisher.patches.loss_look.maker`). Correct uses stay quiet: probabilities as
+    *targets* (soft labels, label smoothing, distillation at any temperature), ``log_softmax``
+    then ``nll_loss`` or ``kl_div``, and ``log_softmax`` output given to ``cross_entropy``
+    (log_softmax is idempotent, so that one trains correctly).
     """
     name, given, target = look.function, look.input, look.target
     shape = "x".join(map(str, given.shape))
@@ -47,9 +52,11 @@ def mismatches(look: LossLook) -> list[Mismatch]:
     if name == "cross_entropy" and given.probabilities(_TOLERANCE):
         found.append(Mismatch("probabilities_as_logits", f"{rows}, but cross_entropy applies log_softmax "
                               "itself", "pass the logits: drop the softmax before the loss"))
-    elif name == "binary_cross_entropy_with_logits" and given.probabilities(_TOLERANCE):
-        found.append(Mismatch("probabilities_as_logits", f"every value of the input ({shape}) is in [0, 1]: "
-                              "probabilities, but binary_cross_entropy_with_logits applies sigmoid itself",
+    elif (name == "binary_cross_entropy_with_logits" and look.made_by in _SQUASHING
+          and given.probabilities(_TOLERANCE)):
+        found.append(Mismatch("probabilities_as_logits", f"the input ({shape}) is the output of "
+                              f"{look.made_by}, every value in [0, 1]: probabilities, but "
+                              "binary_cross_entropy_with_logits applies sigmoid itself",
                               "pass the logits: drop the sigmoid (or use binary_cross_entropy)"))
     elif name in ("nll_loss", "kl_div") and given.probabilities(_TOLERANCE) and given.numel > 1:
         found.append(Mismatch("probabilities_as_log_probabilities", f"{rows}, but {name} takes "
@@ -96,11 +103,11 @@ class LossInputMismatch(Detector):
     ``binary_cross_entropy`` raises). Karpathy's "A Recipe for Training Neural Networks" (2019)
     and the PyTorch docs of each loss name these as the common mistakes.
 
-    One look could decide (a row of logits summing to 1 does not happen by chance), but the looks
-    must also hold ``values`` (40) values together: for an element-wise loss, "every value in
-    [0, 1]" from a freshly initialised model's logits (positive or negative about as often) has
-    a chance of 2^-40 ~ 1e-12, while a batch of 2 logits has one of 1/4. The event names the
-    call (``file:line``), the tensors' shapes and dtypes and what was seen.
+    One look could decide (a row of logits summing to 1 does not happen by chance); three in a
+    row, holding ``values`` (40) values together, keep one odd call (a probe, a batch of one
+    example whose single row sums to whatever) from being news. The event names the call
+    (``file:line``), the operation that made the input, the tensors' shapes and dtypes and what
+    was seen.
     """
 
     quiet_to_close = 50
@@ -141,6 +148,7 @@ class LossInputMismatch(Detector):
                 "fix": mismatch.fix,
                 "input_shape": list(given.shape),
                 "input_dtype": given.dtype,
+                "input_made_by": look.made_by,
                 "input_min": given.min,
                 "input_max": given.max,
                 "input_row_sum_error": given.row_sum_error,

@@ -5,7 +5,9 @@ one ``index_add_`` of ones into a histogram, the way the label prior is counted)
 comes back to the host in one non-blocking copy, read when it has landed (its CUDA event is
 polled, never waited on). The verdicts are the detectors' (:mod:`publisher.detectors.loss_inputs`,
 :mod:`publisher.detectors.labels`); here is only what they need, and the user's line that made the
-call, read from the caller's frames at the look (a few frame hops, only on looked-at calls).
+call, read from the caller's frames at the look (a few frame hops, only on looked-at calls), and
+the operation that made the input, read from its autograd graph (``SigmoidBackward0``: the input
+is a sigmoid's output), through the operations that only move values (views, copies).
 
 The numbers of a tensor read along its distribution dimension (the class dimension, 1, of
 ``cross_entropy``/``nll_loss``; the last one of ``kl_div``): its smallest and largest value, the
@@ -29,6 +31,9 @@ import torch
 MAX_COUNTED_CLASSES = 4096
 #: Numbers a look keeps of one tensor: min, max, max |row sum - 1|, max |row logsumexp|.
 STATS = 4
+#: Autograd nodes that only move or copy values: the input's maker is looked for behind them.
+_PASS_THROUGH = frozenset({"View", "UnsafeView", "Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose",
+                           "T", "Expand", "Clone", "ToCopy", "Select", "Slice", "Alias"})
 #: Frames under these folders are torch's or tuimon's own, not the user's call.
 _OWN_FOLDERS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,7 +71,8 @@ class LossLook:
     ``labels``: for class-index targets of at most :data:`MAX_COUNTED_CLASSES` classes, the count
     of each class in the call's target (index C: labels outside [0, C), such as ``ignore_index``),
     else None; ``per_example``: the target holds one label per example (shape (N,)), not one per
-    token or pixel. ``site``: ``file:line`` of the user's call.
+    token or pixel. ``site``: ``file:line`` of the user's call; ``made_by``: the operation that made
+    the input (its autograd node's name less ``Backward0``), None when unknown.
     """
 
     function: str
@@ -79,6 +85,7 @@ class LossLook:
     labels: tuple[int, ...] | None
     per_example: bool
     site: str
+    made_by: str | None = None  # the autograd operation that made the input ("Sigmoid", "Softmax")
 
 
 class PendingLook:
@@ -113,7 +120,7 @@ class PendingLook:
         labels = tuple(int(v) for v in values[2 * STATS:]) if meta["counted"] else None
         return LossLook(meta["function"], _stats(meta["input_shape"], meta["input_dtype"], values[:STATS]),
                         target, meta["target_shape"], meta["target_dtype"], meta["log_target"],
-                        meta["classes"], labels, meta["per_example"], meta["site"])
+                        meta["classes"], labels, meta["per_example"], meta["site"], meta["made_by"])
 
 
 def _stats(shape: tuple[int, ...], dtype: str, values: list[float]) -> TensorStats:
@@ -141,7 +148,7 @@ def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> P
         "target_shape": tuple(target.shape) if is_tensor else (),
         "target_dtype": str(target.dtype).removeprefix("torch.") if is_tensor else type(target).__name__,
         "target_stats": float_target, "log_target": log_target, "classes": classes, "counted": counted,
-        "per_example": is_tensor and target.ndim == 1, "site": call_site(),
+        "per_example": is_tensor and target.ndim == 1, "site": call_site(), "made_by": maker(input),
     }
     return PendingLook(meta, torch.cat(parts))
 
@@ -165,6 +172,21 @@ def _histogram(target: torch.Tensor, classes: int) -> torch.Tensor:
     labels = labels.masked_fill((labels < 0) | (labels >= classes), classes)
     counts = torch.zeros(classes + 1, dtype=torch.long, device=labels.device)
     return counts.index_add_(0, labels, torch.ones_like(labels))
+
+
+def maker(tensor: torch.Tensor, hops: int = 6) -> str | None:
+    """The operation that made ``tensor``, seen through views and copies (``Sigmoid`` for
+    ``model(x).sigmoid().squeeze(1)``); None for a leaf or past ``hops`` nodes. Reads Python
+    attributes of the autograd graph only: no device work."""
+    node = tensor.grad_fn
+    for _ in range(hops):
+        if node is None:
+            return None
+        name = node.name().rpartition("Backward")[0] or node.name()
+        if name not in _PASS_THROUGH:
+            return name
+        node = next((fn for fn, _ in node.next_functions if fn is not None), None)
+    return None
 
 
 def call_site() -> str:
