@@ -55,6 +55,8 @@ EAGER_CALLS = 512
 #: (~30 us on a CPU for a batch of 64 x 10 logits), so ~2 us a call, and a bug that starts later
 #: (the sorted part of a stream) is seen within a few hundred steps.
 LOOK_EVERY = 16
+#: Looks a watch keeps until its owner takes them.
+_KEPT_LOOKS = 1024
 #: Gradients probed, and values probed in each, to tell whether ``clip_grad_value_`` saw only zeros.
 PROBED = 16
 
@@ -80,7 +82,8 @@ class CallWatch:
         self._counted = 0  # looks whose labels were counted for the prior
         self._labels = 0  # class-index labels seen in looks, one per example
         self.looked = 0  # looks taken
-        self._pending: deque[PendingLook] = deque()
+        # Looks not yet taken (a Monitor that stopped stepping drops the oldest, not the memory).
+        self._pending: deque[PendingLook] = deque(maxlen=_KEPT_LOOKS)
 
     def take_clips_without_gradients(self) -> int:
         """How many clip calls saw no gradient since the last call of this (the Monitor's step)."""
