@@ -12,8 +12,9 @@ is a sigmoid's output), through the operations that only move values (views, cop
 The numbers of a tensor read along its distribution dimension (the class dimension, 1, of
 ``cross_entropy``/``nll_loss``; the last one of ``kl_div``): its smallest and largest value, the
 largest distance of a row's sum from 1 (probabilities have 0) and of a row's ``logsumexp`` from 0
-(log-probabilities have 0). A loss that reads its input element by element
-(``binary_cross_entropy_with_logits``) has no rows: those two are NaN.
+(log-probabilities have 0; measured only for the inputs of ``nll_loss`` and ``kl_div``, which take
+log-probabilities: it is the dearest of the four). A loss that reads its input element by element
+(``binary_cross_entropy_with_logits``) has no rows: those two are NaN, as is one not measured.
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ class TensorStats:
         """Every value in [0, 1] and, where there are rows, every row summing to 1."""
         in_unit = self.min >= 0.0 and self.max <= 1.0
         return in_unit and (math.isnan(self.row_sum_error) or self.row_sum_error <= tolerance)
-
-    def log_probabilities(self, tolerance: float = 1e-3) -> bool:
-        """Every value <= 0 and every row's ``logsumexp`` 0 (rows needed)."""
-        return self.max <= tolerance and self.row_logsumexp <= tolerance
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +128,11 @@ def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> P
     """Queue the look's numbers on the input's device and start their copy to the host."""
     classes = input.shape[1] if function in ("cross_entropy", "nll_loss") and input.ndim >= 2 else 0
     row_dim = None if function == "binary_cross_entropy_with_logits" else (1 if classes else -1)
-    parts = [_numbers(input, row_dim)]
+    parts = [_numbers(input, row_dim, function in ("nll_loss", "kl_div"))]
     is_tensor = isinstance(target, torch.Tensor)
     float_target = is_tensor and target.is_floating_point()
     if float_target:
-        parts.append(_numbers(target, row_dim))
+        parts.append(_numbers(target, row_dim, False))
     else:
         parts.append(torch.full((STATS,), math.nan, device=input.device))
     counted = (is_tensor and not float_target and not target.is_complex()
@@ -153,16 +150,16 @@ def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> P
     return PendingLook(meta, torch.cat(parts))
 
 
-def _numbers(tensor: torch.Tensor, row_dim: int | None) -> torch.Tensor:
-    """The four numbers of the module's docstring, as one float32 tensor on the tensor's device."""
+def _numbers(tensor: torch.Tensor, row_dim: int | None, logsumexp: bool) -> torch.Tensor:
+    """The four numbers of the module's docstring, as one float32 tensor on the tensor's device
+    (the logsumexp only when asked)."""
     values = tensor.detach().float()
     low, high = values.aminmax()
+    nan = torch.full((), math.nan, device=values.device)
     if row_dim is None or values.ndim == 0:
-        nan = torch.full((), math.nan, device=values.device)
         return torch.stack([low, high, nan, nan])
     sums = (values.sum(row_dim) - 1).abs().amax()
-    logsumexp = values.logsumexp(row_dim).abs().amax()
-    return torch.stack([low, high, sums, logsumexp])
+    return torch.stack([low, high, sums, values.logsumexp(row_dim).abs().amax() if logsumexp else nan])
 
 
 def _histogram(target: torch.Tensor, classes: int) -> torch.Tensor:

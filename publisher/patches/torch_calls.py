@@ -52,8 +52,9 @@ COUNTED_CALLS = 48
 EAGER_LABELS = 1400
 EAGER_CALLS = 512
 #: Then a loss is looked at once in this many of its calls: a look costs a few small reductions
-#: (~30 us on a CPU for a batch of 64 x 10 logits), so ~2 us a call, and a bug that starts later
-#: (the sorted part of a stream) is seen within a few hundred steps.
+#: and a copy (~60 us on a busy 2-core CPU for a batch of 64 x 10 logits, most of it the fixed
+#: cost of a dozen small torch ops), so ~4 us a call, and a bug that starts later (the sorted
+#: part of a stream) is seen within a few hundred steps.
 LOOK_EVERY = 16
 #: Looks a watch keeps until its owner takes them.
 _KEPT_LOOKS = 1024
