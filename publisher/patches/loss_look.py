@@ -32,6 +32,10 @@ import torch
 MAX_COUNTED_CLASSES = 4096
 #: Numbers a look keeps of one tensor: min, max, max |row sum - 1|, max |row logsumexp|.
 STATS = 4
+#: Values of a tensor a look reads at most: evenly spaced rows (whole rows, so that their sums mean
+#: something) of a bigger one. A language model's (tokens, 50,000) logits in bf16 are read one
+#: row in each stride, not copied whole to float32 (gigabytes, on the device that trains).
+SAMPLED_VALUES = 1 << 16
 #: Autograd nodes that only move or copy values: the input's maker is looked for behind them.
 _PASS_THROUGH = frozenset({"View", "UnsafeView", "Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose",
                            "T", "Expand", "Clone", "ToCopy", "Select", "Slice", "Alias"})
@@ -153,13 +157,23 @@ def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> P
 def _numbers(tensor: torch.Tensor, row_dim: int | None, logsumexp: bool) -> torch.Tensor:
     """The four numbers of the module's docstring, as one float32 tensor on the tensor's device
     (the logsumexp only when asked)."""
-    values = tensor.detach().float()
+    values = _rows(tensor.detach()).float()
     low, high = values.aminmax()
     nan = torch.full((), math.nan, device=values.device)
     if row_dim is None or values.ndim == 0:
         return torch.stack([low, high, nan, nan])
     sums = (values.sum(row_dim) - 1).abs().amax()
     return torch.stack([low, high, sums, values.logsumexp(row_dim).abs().amax() if logsumexp else nan])
+
+
+def _rows(tensor: torch.Tensor) -> torch.Tensor:
+    """At most :data:`SAMPLED_VALUES` values of ``tensor``: evenly spaced entries of its first
+    dimension (a view, nothing copied)."""
+    if tensor.ndim == 0 or tensor.numel() <= SAMPLED_VALUES:
+        return tensor
+    per_entry = tensor.numel() // max(tensor.shape[0], 1)
+    keep = max(1, SAMPLED_VALUES // max(per_entry, 1))
+    return tensor[:: -(-tensor.shape[0] // keep)]
 
 
 def _histogram(target: torch.Tensor, classes: int) -> torch.Tensor:
