@@ -458,3 +458,13 @@ def test_the_tail_of_one_class_batches_is_the_binomial_one_when_the_chances_are_
     assert poisson_binomial_tail([0.3] * 10, 4) == pytest.approx(
         sum(math.comb(10, k) * 0.3**k * 0.7 ** (10 - k) for k in range(4, 11)))
     assert poisson_binomial_tail([0.5, 0.5], 0) == 1.0
+
+
+def test_a_language_models_logits_are_read_in_sampled_rows() -> None:
+    """(tokens, vocabulary) logits: a few whole rows are read (at most 64 Ki values), which is
+    enough for a row that sums to 1."""
+    logits = torch.randn(2048, 1000, requires_grad=True)
+    tokens = torch.randint(0, 1000, (2048,))
+    [look] = looks_of(lambda: F.cross_entropy(logits.softmax(1), tokens))
+    assert look.input.shape == (2048, 1000) and sum(look.labels or ()) == 2048
+    assert [m.problem for m in mismatches(look)] == ["probabilities_as_logits"]
