@@ -130,6 +130,9 @@ def test_detector_events_say_what_was_seen_and_why(suite: Path) -> None:
         "fault_throughput_drop": ("throughput_drop", "before"),
         "fault_memory_leak": ("memory_growth", "bytes_per_step"),
         "fault_shuffled_labels": ("loss_plateau", "reference_loss"),
+        "fault_softmax_cross_entropy": ("loss_input_mismatch", "call_site"),
+        "fault_constant_labels": ("single_class_labels", "label_counts"),
+        "fault_class_sorted_batches": ("class_sorted_batches", "recent_batches"),
     }
     for name, (kind, key) in checks.items():
         [recording] = h.recordings_of(name, 1, suite)
@@ -137,6 +140,17 @@ def test_detector_events_say_what_was_seen_and_why(suite: Path) -> None:
         details = event["details"]
         assert details[key] is not None, (name, details)
         assert details["likely_causes"] and details["step"] >= 1 and details["rank"] == 0, name
+    [softmax] = h.recordings_of("fault_softmax_cross_entropy_cnn", 1, suite)
+    details = softmax.events("loss_input_mismatch")[0]["details"]
+    seen = (details["function"], details["input_made_by"], details["input_shape"])
+    assert seen == ("cross_entropy", "Softmax", [32, 10])
+    assert details["call_site"].startswith(str(FAULTS / "_harness.py:")), "the line that called the loss"
+    [constant] = h.recordings_of("fault_constant_labels", 1, suite)
+    details = constant.events("single_class_labels")[0]["details"]
+    assert details["label_counts"] == {"0": details["labels_seen"]} and details["classes"] == 10
+    [ordered] = h.recordings_of("fault_class_sorted_batches", 1, suite)
+    details = ordered.events("class_sorted_batches")[0]["details"]
+    assert all(len(batch) == 1 for batch in details["recent_batches"]) and details["classes_seen"] >= 2
     [nan] = h.recordings_of("fault_nan_loss", 1, suite)
     [event] = nan.events("nonfinite_loss")
     assert event["details"]["nonfinite_grads"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
