@@ -24,6 +24,7 @@ from publisher.detectors.grads import (
     VanishingGradient,
 )
 from publisher.detectors.loss import LossPlateau, LossSpike, NonFiniteLoss
+from publisher.detectors.schedule import LrVanished
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
 from publisher.threads.gpu import SimulatedSource
@@ -587,6 +588,29 @@ def test_memory_growth_budget_is_a_tenth_of_available_memory_at_most_one_gib() -
     budget = MemoryGrowth().budget_bytes
     assert 0 < budget <= GIB
     assert budget == pytest.approx(min(GIB, 0.1 * psutil.virtual_memory().available), rel=0.2)
+
+
+def test_lr_vanished_names_a_per_epoch_decay_stepped_every_batch_with_its_course() -> None:
+    per_batch = [{"lr": 0.1 * 0.9**s, "lr/1": 0.0} for s in range(400)]  # group 1 frozen at 0
+    found = run_steps(LrVanished(), per_batch)
+    step, finding = found[0]
+    assert step == 89 + 50, "below 1e-4 of the peak from step 89, for 50 steps"
+    assert finding.key == "lr" and finding.details["peak_lr"] == 0.1
+    assert finding.details["low_since_step"] == 89
+    falls = [point["step"] for point in finding.details["lr_history"]]
+    assert falls[:3] == [1, 23, 45], "each tenfold fall: 0.9**22 < 0.1"
+    assert "param group 0" in finding.message and "float32" in finding.message
+
+
+def test_lr_vanished_is_quiet_on_schedules_that_reach_zero_at_their_planned_end() -> None:
+    steps = 20_000
+    cosine = [{"lr": 0.05 * (1 + math.cos(math.pi * s / steps)) / 2} for s in range(steps + 1)]
+    warmup_linear = [{"lr": 3e-4 * (s / 500 if s < 500 else (steps - s) / (steps - 500))}
+                     for s in range(steps + 1)]
+    quadratic = [{"lr": 1e-3 * (1 - s / steps) ** 2} for s in range(steps + 1)]
+    exactly_zero = [{"lr": 0.1 if s < 100 else 0.0} for s in range(400)]  # optimizer_noop's
+    for series in (cosine, warmup_linear, quadratic, exactly_zero):
+        assert run_steps(LrVanished(), series) == []
 
 
 # -- GPU utilisation -----------------------------------------------------------------------------

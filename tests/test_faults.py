@@ -80,7 +80,7 @@ def test_the_suite_covers_the_bug_classes() -> None:
     assert {
         "nonfinite_loss", "update_ratio", "grad_explosion", "vanishing_gradient", "dead_activations",
         "data_bottleneck", "throughput_drop", "memory_growth", "loss_plateau",  # detectors
-        "chance_loss", "duplicate_batches",
+        "chance_loss", "duplicate_batches", "lr_vanished",
         "optimizer_noop", "stale_gradients", "missing_gradient", "eval_mode_training",  # invariants
         "replica_divergence", "frozen_param_changed", "tie_broken", "clip_noop",
     } <= expected

@@ -35,6 +35,7 @@ from publisher.detectors.grads import (
     VanishingGradient,
 )
 from publisher.detectors.loss import ChanceLoss, LossPlateau, LossSpike, NonFiniteLoss
+from publisher.detectors.schedule import LrVanished
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import LayerSample
 
@@ -51,7 +52,7 @@ def default_detectors() -> list[Detector]:
     to change them, e.g. ``[*default_detectors()[:-1], GpuLowUtil(p95=50)]``.
     """
     return [
-        NonFiniteLoss(), LossSpike(), LossPlateau(), ChanceLoss(),
+        NonFiniteLoss(), LossSpike(), LossPlateau(), ChanceLoss(), LrVanished(),
         GradExplosion(), NonFiniteGrads(), NonFiniteParams(), VanishingGradient(), UpdateRatio(), ClipNoop(),
         DeadActivations(),
         ThroughputDrop(), StepTimeOutlier(), DataBottleneck(), MemoryGrowth(), DuplicateBatches(),

@@ -31,6 +31,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("update_ratio", "warning", "weight update / weight ratio out of range"),
         EventKind("chance_loss", "warning", "the loss sits at chance level: the model learns nothing"),
         EventKind("clip_noop", "warning", "gradient clipping ran before there were gradients to clip"),
+        EventKind("lr_vanished", "warning", "the learning rate decayed to nothing while training goes on"),
         # Speed.
         EventKind("throughput_drop", "warning", "throughput fell well below its recent level"),
         EventKind("step_time_outlier", "info", "one step took far longer than usual"),
