@@ -82,7 +82,7 @@ def test_the_suite_covers_the_bug_classes() -> None:
         "data_bottleneck", "throughput_drop", "memory_growth", "loss_plateau",  # detectors
         "chance_loss", "duplicate_batches", "lr_vanished",
         "optimizer_noop", "stale_gradients", "missing_gradient", "eval_mode_training",  # invariants
-        "replica_divergence", "frozen_param_changed", "tie_broken", "clip_noop",
+        "replica_divergence", "frozen_param_changed", "tie_broken", "clip_noop", "unowned_tensors",
     } <= expected
     assert len(HEALTHY_CASES) >= 25
     assert {"fault_debug_slowdown", "fault_kept_graph_leak", "fault_eval_after_validation",
@@ -161,7 +161,8 @@ def tuimon_run(tmp_path: Path, script: str, *options: str) -> list[h.Recording]:
     return [h.Recording.from_jsonl(paths[0])]
 
 
-@pytest.mark.parametrize("script", ["fault_nan_loss", "fault_missing_zero_grad", "fault_vanishing_gradients"])
+@pytest.mark.parametrize("script", ["fault_nan_loss", "fault_missing_zero_grad", "fault_vanishing_gradients",
+                                    "fault_unregistered_layers", "fault_lr_stepped_per_batch"])
 def test_an_unmodified_script_under_tuimon_run_is_caught_the_same_way(
     suite: Path, tmp_path: Path, script: str
 ) -> None:

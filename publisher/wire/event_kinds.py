@@ -60,6 +60,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("eval_mode_training", "warning", "the model is trained while in eval() mode"),
         EventKind("replica_divergence", "critical", "data-parallel replicas hold different weights"),
         EventKind("unowned_parameters", "info", "trainable parameters that no optimizer owns"),
+        EventKind("unowned_tensors", "warning", "tensors outside the model get gradients no optimizer uses"),
         EventKind("frozen_param_changed", "critical", "a frozen parameter changed"),
         EventKind("tie_broken", "warning", "parameters meant to be one tensor have come apart"),
     )
