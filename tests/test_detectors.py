@@ -515,6 +515,15 @@ def test_periodic_evaluation_pauses_are_one_info_episode() -> None:
     assert events[-1][1]["count"] == 5
 
 
+def test_a_step_as_long_as_a_stall_is_left_to_the_stall_events() -> None:
+    """A 12 s step (a rank blocked in its data fetch) was a ``hang`` while it lasted, closed with its
+    length when it ended: no ``step_time_outlier`` repeats it. A 3 s pause is still one."""
+    steady = [{"step_time": 0.05}] * 60
+    assert run_steps(StepTimeOutlier(), [*steady, {"step_time": 12.0}, *steady]) == []
+    [(step, finding)] = run_steps(StepTimeOutlier(), [*steady, {"step_time": 3.0}, *steady])
+    assert step == 61 and finding.kind == "step_time_outlier"
+
+
 def test_data_bottleneck_needs_most_steps_of_the_window() -> None:
     healthy = [{"step_time": 0.02, "data_time": 0.002}] * 40
     one_slow = [*healthy[:30], {"step_time": 0.5, "data_time": 0.48}, *healthy[:20]]

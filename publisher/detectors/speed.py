@@ -18,7 +18,7 @@ import psutil
 from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
 from publisher.measure.budget import StepClock
 from publisher.readings.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
-from publisher.wire.stall import pause_s
+from publisher.wire.stall import pause_s, threshold_s
 
 _MIB = 1024 * 1024
 
@@ -283,7 +283,10 @@ class StepTimeOutlier(Detector):
     which one outlier does not inflate), after ``warmup`` (20) steps, and only when the step is
     also ``min_ratio`` (2) times the median and ``min_extra_s`` (0.5 s) longer: stalls a person
     notices, not scheduler noise. Evaluation pauses and checkpoints are such stalls; reported as
-    ``info``, and a periodic one folds into one episode (``quiet_to_close`` 1000 steps).
+    ``info``, and a periodic one folds into one episode (``quiet_to_close`` 1000 steps). A step as
+    long as the stall threshold (:func:`publisher.wire.stall.threshold_s` of the usual step) was
+    already told while it lasted, by the stall events (``hang``, ``busy_pause``,
+    ``collective_wait``), which close with its length: it is not told again when it ends.
     """
 
     quiet_to_close = 1000
@@ -314,6 +317,8 @@ class StepTimeOutlier(Detector):
         if step_time <= limit:
             times.append(step_time)
             return ()
+        if step_time >= threshold_s(median):
+            return ()  # a stall, told by the stall events while it lasted
         return (
             Finding(
                 "step_time_outlier",
