@@ -228,6 +228,8 @@ class Monitor:
             raise ValueError(f"the loss must be one number, got a tensor of shape {tuple(loss.shape)}")
         if loss is not None:
             readings.add("loss", loss)
+            if self._invariants is not None and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+                self._invariants.offer_graph(loss)
         grads = None if "grad_norm" in extra else self._read_grad_norm(sampling, readings)
         self._read_lr(readings)
         self._read_timing(now, tokens, samples, data_time, readings)
@@ -359,6 +361,23 @@ class Monitor:
         finished = FinishedStep(step, metrics, grad_norms, layout, sample_arrays, readings.batches,
                                 readings.looks)
         self._parts.worker.submit(finished)
+
+    def offer_graph(self, loss: torch.Tensor) -> None:
+        """A loss about to be (or just) backpropagated, its autograd graph attached: on a few
+        sampled steps the invariants walk it for tensors that get gradients and that no optimizer
+        steps, outside the model too (:mod:`publisher.invariants.leaves`). :meth:`step` does this
+        for a loss tensor it is given; the zero-code launcher's ``backward`` hook calls it."""
+        try:
+            if self._invariants is not None and loss.grad_fn is not None:
+                self._invariants.offer_graph(loss)
+        except Exception as exc:
+            self._telemetry_failed("offer_graph()", exc)
+
+    def ignore_unowned(self, *tensors: torch.Tensor) -> None:
+        """Tensors that receive gradients with no optimizer stepping them on purpose (an input
+        optimised by hand, a saliency map kept across steps): not reported as unowned."""
+        if self._invariants is not None:
+            self._invariants.checker.ignore_unowned(tensors)
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Watch one more optimizer (a GAN's second one): its parameters join the gradient norm,

@@ -46,3 +46,16 @@ def test_the_scale_benchmark_names_the_rank_outside_the_collective_and_blames_no
     assert by == ("its own publisher" if publishers == "judging" else "the relay root@root"), done.stdout
     assert "blamed (warning or critical): rank 6 only" in done.stdout
     assert "run_starts at the root: 8 of 8" in done.stdout
+
+
+def test_the_cost_split_benchmark_reads_every_background_thread() -> None:
+    """`cost_split.py` on the small MLP: a row whose step() and worker/sender CPU are measured (a
+    thread renamed in the publisher would read 0 here, and the split would silently lose it)."""
+    script = ROOT / "benchmarks" / "cost_split.py"
+    done = subprocess.run([sys.executable, str(script), "--quick", "--models", "mlp"],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("MLP"))
+    values = [float(v) for v in re.findall(r"(-?[\d.]+)(?:us|ms)", row)]
+    step_call, worker, sender = values[2], values[5], values[6]
+    assert step_call > 0 and worker > 0 and sender > 0, row

@@ -80,9 +80,9 @@ def test_the_suite_covers_the_bug_classes() -> None:
     assert {
         "nonfinite_loss", "update_ratio", "grad_explosion", "vanishing_gradient", "dead_activations",
         "data_bottleneck", "throughput_drop", "memory_growth", "loss_plateau",  # detectors
-        "chance_loss", "duplicate_batches",
+        "chance_loss", "duplicate_batches", "lr_vanished",
         "optimizer_noop", "stale_gradients", "missing_gradient", "eval_mode_training",  # invariants
-        "replica_divergence", "frozen_param_changed", "tie_broken", "clip_noop",
+        "replica_divergence", "frozen_param_changed", "tie_broken", "clip_noop", "unowned_tensors",
         "loss_input_mismatch", "single_class_labels", "class_sorted_batches",  # the loss call's tensors
     } <= expected
     assert len(HEALTHY_CASES) >= 25
@@ -179,6 +179,7 @@ def tuimon_run(tmp_path: Path, script: str, *options: str) -> list[h.Recording]:
 
 
 @pytest.mark.parametrize("script", ["fault_nan_loss", "fault_missing_zero_grad", "fault_vanishing_gradients",
+                                    "fault_unregistered_layers", "fault_lr_stepped_per_batch",
                                     "fault_softmax_cross_entropy_cnn", "fault_class_sorted_batches"])
 def test_an_unmodified_script_under_tuimon_run_is_caught_the_same_way(
     suite: Path, tmp_path: Path, script: str

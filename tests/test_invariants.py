@@ -32,9 +32,12 @@ import _harness as h  # noqa: E402  (the scripts import it by this name too)
 
 
 def _cases(prefix: str) -> list:
+    """The single-process scripts that may share this process: not those that measure the process's
+    memory (``own_process``), which test_faults runs each in a process of its own."""
     modules = sorted(p.stem for p in FAULTS.glob(f"{prefix}_*.py"))
     cases = [importlib.import_module(name).CASE for name in modules]
-    return [pytest.param(case, id=case.name) for case in cases if case.world_size == 1]
+    shared = [case for case in cases if case.world_size == 1 and not case.own_process]
+    return [pytest.param(case, id=case.name) for case in shared]
 
 
 @pytest.mark.parametrize("model_known", [True, False], ids=["model", "no-model"])
@@ -77,6 +80,39 @@ def test_events_name_the_culprits() -> None:
     [lr] = h.run_case(_load("fault_lr_decay_to_zero"))
     [event] = lr.events("optimizer_noop")
     assert event["details"]["lr_zero_since_step"] == 10
+
+
+def test_tensors_outside_the_model_are_named_and_those_said_to_be_deliberate_are_not() -> None:
+    """The loss's graph reaches a weight made in the script and a hand-optimised input offset; the
+    optimizer knows neither. Named by the variables holding them; the batch itself, made a leaf
+    that requires grad every step (adversarial training), is a new tensor each time and is not
+    one of them; a tensor the user says to ignore is not reported."""
+    model = h.mlp((8, 16, 1))
+    scale = torch.ones(1, requires_grad=True)
+    offset = torch.zeros(1, 8, requires_grad=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def train(ignored: list[torch.Tensor]) -> list[dict]:
+        recording, checker = _record([optimizer], model)
+        checker.ignore_unowned(ignored)
+        for _, (x, y) in h.batches(8):
+            x = x.clone().requires_grad_(True)
+            loss = nn.functional.mse_loss(model(x + offset) * scale, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            checker.offer_graph(loss)
+        checker.close()
+        return recording.events("unowned_tensors")
+
+    [event] = train(ignored=[])
+    assert event["severity"] == "warning" and event["step"] == 4, "at the first ownership check"
+    tensors = sorted((t["name"].split(" (")[0], t["shape"]) for t in event["details"]["tensors"])
+    assert tensors == [("offset in train()", [1, 8]), ("scale in train()", [1])]
+    assert "2 tensors outside the model" in event["message"]
+    [only_scale] = train(ignored=[offset])
+    assert [t["shape"] for t in only_scale["details"]["tensors"]] == [[1]]
+    assert train(ignored=[offset, scale]) == []
 
 
 def test_without_a_model_parameters_are_named_after_the_modules_found() -> None:

@@ -184,6 +184,9 @@ def _instrument(torch_module: ModuleType) -> None:
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if self.numel() == 1:
             _session.losses.append(self.detach())
+            monitor = _session.monitor
+            if monitor is not None and self.grad_fn is not None:
+                monitor.offer_graph(self)
         return original_backward(self, *args, **kwargs)
 
     backward.__doc__ = original_backward.__doc__

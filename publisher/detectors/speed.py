@@ -13,14 +13,20 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
+import psutil
+
 from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
 from publisher.measure.budget import StepClock
 from publisher.readings.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
-from publisher.wire.stall import pause_s
+from publisher.wire.stall import pause_s, threshold_s
 
 _MIB = 1024 * 1024
-#: The longer span of memory readings (up to ``history``) is judged on every this-many-th reading.
-_LONG_SPAN_EVERY = 4
+
+
+def leak_budget() -> float:
+    """How much a leak may take before it must have been named: 1 GiB or a tenth of the memory
+    this host has available now, whichever is less."""
+    return min(1 << 30, 0.1 * psutil.virtual_memory().available)
 
 
 def _rate(metrics: Metrics) -> tuple[str, float] | None:
@@ -277,7 +283,10 @@ class StepTimeOutlier(Detector):
     which one outlier does not inflate), after ``warmup`` (20) steps, and only when the step is
     also ``min_ratio`` (2) times the median and ``min_extra_s`` (0.5 s) longer: stalls a person
     notices, not scheduler noise. Evaluation pauses and checkpoints are such stalls; reported as
-    ``info``, and a periodic one folds into one episode (``quiet_to_close`` 1000 steps).
+    ``info``, and a periodic one folds into one episode (``quiet_to_close`` 1000 steps). A step as
+    long as the stall threshold (:func:`publisher.wire.stall.threshold_s` of the usual step) was
+    already told while it lasted, by the stall events (``hang``, ``busy_pause``,
+    ``collective_wait``), which close with its length: it is not told again when it ends.
     """
 
     quiet_to_close = 1000
@@ -308,6 +317,8 @@ class StepTimeOutlier(Detector):
         if step_time <= limit:
             times.append(step_time)
             return ()
+        if step_time >= threshold_s(median):
+            return ()  # a stall, told by the stall events while it lasted
         return (
             Finding(
                 "step_time_outlier",
@@ -396,45 +407,60 @@ class MemoryGrowth(Detector):
 
     Two series, each its own episode: ``host_mem_bytes`` (this process's resident set size) and
     ``cuda_mem_allocated`` (live tensors). Memory is news when it grows *with the steps*: a leak
-    (a list of losses that keep their graphs) adds about the same bytes every step for as long
-    as the loop runs. Start-up is not: DataLoader workers starting, batches prefetched, the
-    allocator filling its pools and caches warming all add memory at the beginning and then stop.
-    So a series is judged over its last ``window`` (6) readings (memory is read every 4 steps or
-    0.1 s, whichever is sooner, at most 50 times a second: :mod:`publisher.readings.memory`; closer
-    readings, from ``memory_interval_s=0``, are thinned to that cadence), after ``warmup`` (20)
-    steps, and fires when
+    (a list of losses that keep their graphs, a DataLoader worker's batches kept alive) adds about
+    the same bytes every step for as long as the loop runs. Two things look like it for a while
+    and are not:
 
-    - it rose in all but one of them,
-    - by at least ``min_bytes`` (32 MiB) and ``min_share`` (2 %) of where it started, and
-    - the second half of the window grew at least ``keep_pace`` (3/4) as fast per step as the
-      first half: growth that slows down is start-up settling, growth that keeps pace is a leak.
+    - memory that swings: every batch a DataLoader worker hands over is a new shared-memory block
+      mapped into this process, freed a few steps later, so the resident set saws up and down by
+      tens of MiB. A leak raises the *floor*; so each series is read as floors, the lowest of
+      every ``block`` (4) readings;
+    - growth that stops: workers starting, prefetch queues, the allocator's arenas and caches
+      filling, optimizer state created. It can climb steadily for tens of steps (100 MiB or more
+      with persistent workers and a heavy model) before it stays flat, and while it climbs nothing
+      tells it from a leak. What tells them apart is where it ends, so a climb is named only once
+      it has taken a quarter of the *leak budget*: 1 GiB or a tenth of the host's available memory
+      when the run started, whichever is less (a leak matters before the machine runs out, not
+      in its first second). The quarter leaves the rest of the budget for the floors that the
+      verdict waits for.
 
-    A leak too slow for one window (say 1 MiB a second) still shows over a longer span: the
-    same test is also applied to the readings since the lowest one after warm-up, once that span
-    holds ``min_bytes`` of growth and ``long_share`` (5 %; SageMaker's GPU-memory rule: +5 points of
-    the moving average) of its start.
+    Memory is read every 4 steps or 0.1 s, whichever is sooner (:mod:`publisher.readings.memory`;
+    closer readings, from ``memory_interval_s=0``, are thinned to that cadence). After ``warmup``
+    (20) steps a series fires when its floor has grown by that much (and at least ``min_bytes``)
+    since its lowest floor, and the floors climb steadily: over the last ``window`` (5) floors, or
+    over ``window`` floors spread evenly across the climb (a slow leak, whose neighbouring floors
+    differ by less than their noise), they rose in all but one, and the second half grew at least
+    ``keep_pace`` (3/4) as fast per step as the first (growth that slows down is settling).
+    SageMaker Debugger's memory rule fires on +5 points of a moving average, which start-up
+    alone exceeds; the budget is this detector's answer to that.
     """
 
     SERIES = ("host_mem_bytes", "cuda_mem_allocated")
     quiet_to_close = 10
 
-    def __init__(self, warmup: int = 20, window: int = 6, min_bytes: int = 32 * _MIB,
-                 min_share: float = 0.02, keep_pace: float = 0.75, long_share: float = 0.05,
-                 history: int = 600) -> None:
+    def __init__(self, warmup: int = 20, window: int = 5, block: int = 4, min_bytes: int = 32 * _MIB,
+                 keep_pace: float = 0.75, budget_bytes: float | None = None, history: int = 600) -> None:
         if window < 4:
-            raise ValueError("MemoryGrowth: window >= 4 readings")
+            raise ValueError("MemoryGrowth: window >= 4 floors")
         self.warmup = warmup
         self.window = window
+        self.block = block
         self.min_bytes = min_bytes
-        self.min_share = min_share
         self.keep_pace = keep_pace
-        self.long_share = long_share
-        self._readings: dict[str, deque[tuple[int, float]]] = {
+        self._budget = budget_bytes
+        self._floors: dict[str, deque[tuple[int, float]]] = {
             name: deque(maxlen=history) for name in self.SERIES
         }
+        self._blocks: dict[str, list[tuple[int, float]]] = {name: [] for name in self.SERIES}
         self._seen = 0
         self._since: list[float] = [0, 0.0]  # steps and seconds since the latest reading judged
-        self._counted = dict.fromkeys(self.SERIES, 0)
+
+    @property
+    def budget_bytes(self) -> float:
+        """The leak budget: 1 GiB or a tenth of the memory available when first asked."""
+        if self._budget is None:
+            self._budget = leak_budget()
+        return self._budget
 
     def observe_step(self, step: int, metrics: Metrics) -> Sequence[Finding]:
         self._seen += 1
@@ -452,39 +478,45 @@ class MemoryGrowth(Detector):
             if value is None or not math.isfinite(value):
                 continue
             self._since = [0, 0.0]
-            readings = self._readings[name]
-            readings.append((step, value))
-            if len(readings) < self.window:
+            block = self._blocks[name]
+            block.append((step, value))
+            if len(block) < self.block:
                 continue
-            recent = list(itertools.islice(readings, len(readings) - self.window, None))
-            judged = self._growing(recent, self.min_share)
-            self._counted[name] += 1
-            if judged is None and self._counted[name] % _LONG_SPAN_EVERY == 0:  # slow leaks show slowly
-                lowest = min(range(len(readings)), key=lambda i: readings[i][1])
-                span = list(itertools.islice(readings, lowest, None))
-                judged = self._growing(span, self.long_share) if len(span) >= self.window else None
+            self._floors[name].append(min(block, key=lambda reading: reading[1]))
+            block.clear()
+            judged = self._judge(self._floors[name])
             if judged is not None:
                 findings.append(self._finding(name, step, judged))
         return findings
 
-    def _growing(self, readings: list[tuple[int, float]], share: float) -> tuple[int, float, float] | None:
-        """(first step, first bytes, bytes per step) if ``readings`` climb steadily and enough."""
-        (first_step, first), (last_step, last) = readings[0], readings[-1]
-        if last - first < max(self.min_bytes, share * first) or last_step <= first_step:
+    def _judge(self, floors: deque[tuple[int, float]]) -> tuple[int, float, float] | None:
+        """(first step, first bytes, bytes per step) of a climb that is a leak, else None."""
+        if len(floors) < self.window:
             return None
-        values = [v for _, v in readings]
+        lowest = min(range(len(floors)), key=lambda i: floors[i][1])
+        if floors[-1][1] - floors[lowest][1] < max(self.min_bytes, self.budget_bytes / 4):
+            return None
+        climb = list(itertools.islice(floors, lowest, None))
+        recent = list(itertools.islice(floors, len(floors) - self.window, None))
+        spread = [climb[round(i * (len(climb) - 1) / (self.window - 1))] for i in range(self.window)]
+        if not (self._steady(recent) or (len(climb) >= self.window and self._steady(spread))):
+            return None
+        (first_step, first), (last_step, last) = climb[0], climb[-1]
+        return first_step, first, (last - first) / max(1, last_step - first_step)
+
+    def _steady(self, floors: list[tuple[int, float]]) -> bool:
+        """Did ``floors`` rise in all but one of their steps, and as fast late as early?"""
+        values = [v for _, v in floors]
         if sum(b > a for a, b in itertools.pairwise(values)) < len(values) - 2:
-            return None  # not rising reading after reading
-        middle = readings[len(readings) // 2]
+            return False
+        (first_step, first), middle, (last_step, last) = floors[0], floors[len(floors) // 2], floors[-1]
         early = (middle[1] - first) / max(1, middle[0] - first_step)
         late = (last - middle[1]) / max(1, last_step - middle[0])
-        if late < self.keep_pace * early:
-            return None  # slowing down: settling after start-up, not growing with the steps
-        return first_step, first, (last - first) / (last_step - first_step)
+        return early > 0 and late >= self.keep_pace * early
 
     def _finding(self, name: str, step: int, judged: tuple[int, float, float]) -> Finding:
         first_step, first, per_step = judged
-        value = self._readings[name][-1][1]
+        value = self._floors[name][-1][1]
         what = "host memory (RSS)" if name == "host_mem_bytes" else "CUDA memory allocated"
         return Finding(
             "memory_growth",
@@ -497,6 +529,7 @@ class MemoryGrowth(Detector):
                 "baseline_step": first_step,
                 "growth_bytes": value - first,
                 "bytes_per_step": per_step,
+                "leak_budget_bytes": self.budget_bytes,
                 "step": step,
                 "rank": self.rank,
                 "likely_causes": [

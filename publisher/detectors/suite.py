@@ -37,6 +37,7 @@ from publisher.detectors.grads import (
 from publisher.detectors.labels import ClassSortedBatches, SingleClassLabels
 from publisher.detectors.loss import ChanceLoss, LossPlateau, LossSpike, NonFiniteLoss
 from publisher.detectors.loss_inputs import LossInputMismatch
+from publisher.detectors.schedule import LrVanished
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import LayerSample
 
@@ -56,7 +57,7 @@ def default_detectors() -> list[Detector]:
     to change them, e.g. ``[*default_detectors()[:-1], GpuLowUtil(p95=50)]``.
     """
     return [
-        NonFiniteLoss(), LossSpike(), LossPlateau(), ChanceLoss(),
+        NonFiniteLoss(), LossSpike(), LossPlateau(), ChanceLoss(), LrVanished(),
         LossInputMismatch(), SingleClassLabels(), ClassSortedBatches(),
         GradExplosion(), NonFiniteGrads(), NonFiniteParams(), VanishingGradient(), UpdateRatio(), ClipNoop(),
         DeadActivations(),

@@ -152,6 +152,19 @@ class InvariantChecker:
             self._discovery.restart()
             self._global_quiet_until = 0
 
+    def offer_graph(self, loss: torch.Tensor) -> None:
+        """A loss with its autograd graph: walked for its leaves on the steps before an ownership
+        check (:mod:`publisher.invariants.leaves`), else left alone at once."""
+        owned = self._ownership
+        if owned is not None and owned.wants_graph(self._steps_done):
+            with self._meter:
+                self._run(owned, owned.see_graph, loss, self._steps_done)
+
+    def ignore_unowned(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Tensors that get gradients with no optimizer on purpose."""
+        if self._ownership is not None:
+            self._ownership.ignore(tensors)
+
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Current status of each invariant: ``{name: {status, step, message, details}}``."""
         return self._board.statuses()

@@ -99,11 +99,12 @@ class StatusBoard:
             self._publish(name)
 
     def violation(self, name: str, source: Hashable, step: int, message: str, details: dict[str, Any],
-                  keys: Iterable[Hashable]) -> None:
+                  keys: Iterable[Hashable], kind: str | None = None) -> None:
         """Mark ``name`` violated and emit its event unless these ``keys`` were already reported.
 
         ``keys`` identify what is wrong (parameter names, rank pairs): the same violation seen at
         every later check stays one episode; a new parameter joining it emits a new event.
+        ``kind``: the event kind, when this violation is another than the invariant's usual one.
         """
         if name in self._disabled:
             return
@@ -112,7 +113,7 @@ class StatusBoard:
         keys = set(keys)
         if keys - reported:
             reported |= keys
-            kind = KIND_OF[name]
+            kind = kind or KIND_OF[name]
             self._emit(self._emit_violation, kind, EVENT_KINDS[kind].default_severity, message, step, details)
 
     def disable(self, name: str, message: str) -> None:

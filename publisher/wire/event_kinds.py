@@ -33,6 +33,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("clip_noop", "warning", "gradient clipping ran before there were gradients to clip"),
         EventKind("loss_input_mismatch", "warning",
                   "a loss given the wrong kind of input (probabilities where it takes logits, ...)"),
+        EventKind("lr_vanished", "warning", "the learning rate decayed to nothing while training goes on"),
         # Speed.
         EventKind("throughput_drop", "warning", "throughput fell well below its recent level"),
         EventKind("step_time_outlier", "info", "one step took far longer than usual"),
@@ -63,6 +64,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("eval_mode_training", "warning", "the model is trained while in eval() mode"),
         EventKind("replica_divergence", "critical", "data-parallel replicas hold different weights"),
         EventKind("unowned_parameters", "info", "trainable parameters that no optimizer owns"),
+        EventKind("unowned_tensors", "warning", "tensors outside the model get gradients no optimizer uses"),
         EventKind("frozen_param_changed", "critical", "a frozen parameter changed"),
         EventKind("tie_broken", "warning", "parameters meant to be one tensor have come apart"),
     )

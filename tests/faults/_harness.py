@@ -50,12 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from publisher.detectors.speed import leak_budget
 from publisher.invariants import InvariantConfig
 from publisher.monitor import Monitor
 from publisher.stats.sampler import StatsConfig
@@ -265,8 +265,9 @@ class Case:
     ``own_process``: :func:`run_batch` runs it in a process of its own, as a training runs: a leak
     measured on the resident set size would otherwise first refill the memory that the scripts
     before it freed (the allocator reuses it), and show late or not at all.
-    ``leak``: a leak is also in time when named before the process grew by :func:`leak_allowance`
-    since the trigger: it matters before the machine runs out, not in its first second.
+    ``leak``: a leak is also in time when named before the process grew by the detector's leak
+    budget (:func:`~publisher.detectors.speed.leak_budget`: 1 GiB or a tenth of the available
+    memory) since the trigger: it matters before the machine runs out, not in its first second.
     """
 
     name: str
@@ -293,25 +294,19 @@ class Case:
         """The allowance, as the table shows it."""
         steps = f"{self.within} step{'s' if self.within != 1 else ''}"
         target = steps if self.within_s is None else f"{steps} or {self.within_s:g} s"
-        return f"{target} or {leak_allowance() / MIB:,.0f} MiB grown" if self.leak else target
+        return f"{target} or {leak_budget() / MIB:,.0f} MiB grown" if self.leak else target
 
     def in_time(self, steps: int, seconds: float | None, grown: float | None = None) -> bool:
         """Within the allowance: ``within`` steps, or ``within_s`` seconds where the case gives it,
-        or, for a leak, less memory grown than :func:`leak_allowance`."""
+        or, for a leak, less memory grown than :func:`leak_budget`."""
         if steps <= self.within:
             return True
-        if self.leak and grown is not None and grown < leak_allowance():
+        if self.leak and grown is not None and grown < leak_budget():
             return True
         return self.within_s is not None and seconds is not None and seconds <= self.within_s
 
 
 MIB = 1 << 20
-
-
-def leak_allowance() -> float:
-    """How much a leak may take before it is named: 1 GiB or a tenth of this host's available
-    memory, whichever is less."""
-    return min(1 << 30, 0.1 * psutil.virtual_memory().available)
 
 
 def memory_grown(recordings: Sequence[Recording], since: int, until: int) -> float | None:
@@ -797,6 +792,23 @@ class Procedural(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(self.teacher.shape[0])
         return x, torch.tanh(x @ self.teacher)
+
+
+class Images(torch.utils.data.Dataset):
+    """``size`` noisy ``3 x side x side`` images of ten classes, each with its label, made when asked
+    (in a DataLoader worker: an augmentation pipeline); each class a faint pattern under the noise,
+    so that there is something to learn and it takes a while."""
+
+    def __init__(self, size: int, side: int = 64) -> None:
+        self.size = size
+        self.patterns = 0.1 * torch.randn(10, 3, side, side, generator=torch.Generator().manual_seed(7))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        label = index % 10
+        return torch.randn(self.patterns.shape[1:]) + self.patterns[label], torch.tensor(label)
 
 
 def release_free_memory() -> None:

@@ -20,8 +20,8 @@ def train(run: Run) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     run.watch([optimizer], model)
     held_out: list[torch.Tensor] = []
-    scored = batches(TRIGGER + 100, batch=640, dim=32, seed=1)
-    for step, batch in paced(batches(TRIGGER + 100, batch=64, dim=32), STEP_S):
+    scored = batches(TRIGGER + 200, batch=640, dim=32, seed=1)
+    for step, batch in paced(batches(TRIGGER + 200, batch=64, dim=32), STEP_S):
         train_step(model, optimizer, batch)
         _, (x, y) = next(scored)
         if step >= TRIGGER:

@@ -17,7 +17,7 @@ def train(run: Run) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     run.watch([optimizer], model, manual=True)
     history = []
-    for step, (x, y) in batches(60, batch=512, dim=64):
+    for step, (x, y) in batches(130, batch=512, dim=64):
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward(retain_graph=step >= TRIGGER)
