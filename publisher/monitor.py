@@ -143,8 +143,8 @@ class Monitor:
         self.run = run or default_run_name()
         self.rank = default_rank() if rank is None else rank
         self.world_size = default_world_size() if world_size is None else world_size
-        guard_settings = GuardSettings(on_nonfinite, self.run, self.rank, None if record is None else Path(record),
-                                       seed, bool(repro_weights))
+        guard_settings = GuardSettings(on_nonfinite, self.run, self.rank,
+                                       None if record is None else Path(record), seed, bool(repro_weights))
         self._errors = TelemetryErrors()
         self._closed = False
         self._pid = os.getpid()
@@ -179,7 +179,8 @@ class Monitor:
         self._guard = self._nonfinite_guard(guard_settings, model)
         atexit.register(self._close_at_exit)
 
-    def _nonfinite_guard(self, settings: GuardSettings, model: torch.nn.Module | None) -> NonFiniteGuard | None:
+    def _nonfinite_guard(self, settings: GuardSettings,
+                         model: torch.nn.Module | None) -> NonFiniteGuard | None:
         """The check before each update (:mod:`publisher.nonfinite.guard`), where there is an optimizer."""
         if not self._params.optimizers:
             return None

@@ -74,8 +74,8 @@ def write(path: Path, *, facts: dict[str, Any], origin: dict[str, Any], batch: A
         "reproduction": reproduction_record(seed=seed),
         "rng": _python_rng(),
         "holds": {"batch": batch is not None, "calls": len(calls), "weights": weights_of is not None},
-        "inputs": [{"module": type(c.module).__name__, "args": _describe(c.args), "kwargs": _describe(c.kwargs)}
-                   for c in calls],
+        "inputs": [{"module": type(c.module).__name__, "args": _describe(c.args),
+                    "kwargs": _describe(c.kwargs)} for c in calls],
         "batch": _describe(batch),
     }
     write_bundle(path, manifest, buffer.getvalue())

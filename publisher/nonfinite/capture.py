@@ -42,7 +42,8 @@ class ModelCall:
 
 def cuda_rng_states() -> list[torch.Tensor] | None:
     """Every CUDA device's generator state, when CUDA is in use (else None: nothing to touch)."""
-    return torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.cuda.get_rng_state_all() if in_use else None
 
 
 class StepCapture:

@@ -39,8 +39,8 @@ from publisher.nonfinite import bundle
 from publisher.nonfinite.capture import StepCapture
 from publisher.nonfinite.origin import find_origin
 from publisher.stats.grad_norm import GradNorms
+from publisher.wire.repro_bundle import POLICIES
 
-POLICIES = ("report", "skip", "stop")
 #: Episodes analysed (re-run and bundled) per run: a deterministic bug that fires every few
 #: hundred steps under ``skip`` is told once it is seen a few times.
 MAX_ANALYSES = 3
@@ -93,7 +93,7 @@ class NonFiniteGuard:
         *,
         measure: Callable[[bool], GradNorms | None],
         current_step: Callable[[], int],
-        publish: Callable[[str, str, int, dict[str, Any]], None],
+        publish: Callable[[str, str, int, dict[str, Any]], object],
         batch: Callable[[], Any],
         loss: Callable[[], float | None],
         on_error: Callable[[str, BaseException], None],
@@ -190,7 +190,8 @@ class NonFiniteGuard:
         try:
             origin = find_origin(calls)
         except Exception as exc:  # a model the re-run cannot drive: said in the event
-            origin = {"rerun": False, "reproduced": None, "why": f"the re-run failed ({type(exc).__name__}: {exc})"}
+            origin = {"rerun": False, "reproduced": None,
+                      "why": f"the re-run failed ({type(exc).__name__}: {exc})"}
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         facts = {"run": settings.run, "rank": settings.rank, "step": step, "loss": self._loss(),
                  "lr": float(lr) if isinstance(lr, float | int | torch.Tensor) else None,

@@ -63,8 +63,8 @@ class _Search:
 
     def backward_found(self, module: nn.Module, what: str) -> None:
         if self.found is None and id(module) not in self.bad_out:
-            self.found = {**self.name(module), "phase": "backward", "inputs_finite": True,
-                          "why": f"its {what} gradient is non-finite while the gradient at its output was finite"}
+            why = f"its {what} gradient is non-finite while the gradient at its output was finite"
+            self.found = {**self.name(module), "phase": "backward", "inputs_finite": True, "why": why}
 
 
 def module_names(root: nn.Module) -> dict[int, str]:
@@ -105,7 +105,8 @@ def _forward_hooks(root: nn.Module, search: _Search) -> list[RemovableHandle]:
     def before(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if search.found is None and search.stack and not _finite(_tensors((args, kwargs))):
             caller = search.stack[-1]
-            search.forward_found(caller, f"its own code passed a non-finite input to {search.names.get(id(module))}")
+            callee = search.names.get(id(module))
+            search.forward_found(caller, f"its own code passed a non-finite input to {callee}")
         search.stack.append(module)
 
     def after(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -150,9 +151,10 @@ def rerun(call: ModelCall) -> dict[str, Any]:
                 grads = [call.output_grads.get(i) for i in range(len(outputs))]
                 pairs = [(t, g) for t, g in zip(outputs, grads, strict=False) if g is not None]
                 if pairs and not _finite([g for _, g in pairs]):
-                    search.found = {"module": "loss", "class": None, "phase": "backward", "inputs_finite": True,
-                                    "why": "the gradient reaching the model's output is already non-finite: "
-                                           "the loss function's backward produced it"}
+                    why = ("the gradient reaching the model's output is already non-finite: "
+                           "the loss function's backward produced it")
+                    search.found = {"module": "loss", "class": None, "phase": "backward",
+                                    "inputs_finite": True, "why": why}
                 elif pairs:
                     torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         finally:

@@ -14,6 +14,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+#: What a step with non-finite gradients does (``Monitor(on_nonfinite=)``, ``tuimon run
+#: --on-nonfinite``): here so that the viewer's command line offers the same words without torch.
+POLICIES = ("report", "skip", "stop")
 #: The JSON member: what a bundle says, readable anywhere.
 MANIFEST = "manifest.json"
 #: The tensors, saved by ``torch.save``.
