@@ -3,9 +3,11 @@
 A forward pre-hook on each root module keeps the arguments of its calls (references: the
 tensors live anyway until the backward is done, nothing is copied) with the torch RNG state at
 the call (``torch.get_rng_state``: a 5 KB copy, ~1 us measured, so dropout replays exactly), and
-a forward hook puts a tensor hook on each output that requires a gradient, to keep the gradient
-that arrived there from the loss: the re-run's backward starts from it, so the loss function
-need not be known. Calls are forgotten at each step's end; the last :data:`CALLS_KEPT` of a step
+a forward hook keeps the outputs that require a gradient (references, detached) and puts a
+tensor hook on each, to keep the gradient that arrived there from the loss: the re-run's backward
+starts from it, so the loss function need not be known, and the outputs say whether the real
+step's forward was finite (a re-run that is finite where they were not did not reproduce it).
+Both live until the step's end: one output-sized tensor each beyond what the step holds anyway. Calls are forgotten at each step's end; the last :data:`CALLS_KEPT` of a step
 are kept (gradient accumulation). Calls whose outputs need no gradient (evaluation) are dropped.
 """
 
@@ -35,8 +37,9 @@ class ModelCall:
     kwargs: dict[str, Any]
     cpu_rng: torch.Tensor
     cuda_rng: list[torch.Tensor] | None
-    #: The output tensors that require a gradient, and the gradient each received (None: not yet).
-    outputs: int = 0
+    #: The output tensors that require a gradient (detached: whether the real step's forward was
+    #: finite), and the gradient each received from the loss.
+    outputs: list[torch.Tensor] = field(default_factory=list)
     output_grads: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
@@ -84,6 +87,6 @@ class StepCapture:
         if not tensors:  # evaluation, or under no_grad: nothing to re-run a backward from
             self.calls.pop()
             return
-        call.outputs = len(tensors)
+        call.outputs = [t.detach() for t in tensors]
         for i, tensor in enumerate(tensors):
             tensor.register_hook(lambda grad, i=i, call=call: call.output_grads.__setitem__(i, grad))

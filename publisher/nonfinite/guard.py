@@ -73,8 +73,9 @@ def nonfinite_words(origin: dict[str, Any], step: int) -> str:
         return f"non-finite gradients at step {step}; could not re-run the step: {origin.get('why')}"
     if not origin.get("reproduced"):
         return (f"non-finite gradients at step {step}, but a re-run of the step on the same inputs and RNG "
-                "state is finite: not the code. A transient fault: silent data corruption, a flaky device "
-                "or a race; check the node's health (runbook) and keep the repro bundle")
+                f"state is finite ({origin.get('why')}): not the code. A transient fault: silent data "
+                "corruption, a flaky device or a race; check the node's health (runbook) and keep the "
+                "repro bundle")
     module, phase = origin["module"], origin["phase"]
     if module == "loss":
         return (f"non-finite values start in the loss's backward at step {step} (the gradient reaching the "

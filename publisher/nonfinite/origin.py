@@ -147,6 +147,9 @@ def rerun(call: ModelCall) -> dict[str, Any]:
             outputs = [t for t in _tensors(output) if t.requires_grad]
             if search.found is None and not _finite(outputs):
                 search.forward_found(root, "its output is non-finite")
+            if search.found is None and not _finite(call.outputs):
+                return {"reproduced": False, "phase": "forward",
+                        "why": "the step's own forward produced a non-finite output; the re-run's is finite"}
             if search.found is None:
                 grads = [call.output_grads.get(i) for i in range(len(outputs))]
                 pairs = [(t, g) for t, g in zip(outputs, grads, strict=False) if g is not None]
@@ -172,13 +175,17 @@ def find_origin(calls: list[ModelCall]) -> dict[str, Any]:
                 "why": "no model call of this step was seen: the model is unknown (give it to the Monitor, "
                        "or keep per-layer stats on so that it is found) or its forward ran without gradients"}
     started = time.perf_counter()
-    origin: dict[str, Any] = {"reproduced": False}
+    results = []
     for index, call in enumerate(calls):
-        origin = rerun(call)
-        if origin["reproduced"]:
-            origin["call"] = index
+        result = rerun(call)
+        result["call"] = index
+        results.append(result)
+        if result["reproduced"]:
             break
+    origin = next((r for r in results if r["reproduced"]), None) or next(
+        (r for r in results if r.get("phase")), results[-1])
     if not origin["reproduced"]:
-        origin.update(module=None, phase=None, inputs_finite=None)
+        origin = {"module": None, "class": None, "phase": None, "inputs_finite": None,
+                  "why": "the re-run of the step's model calls is finite, forward and backward", **origin}
     origin.update(rerun=True, calls=len(calls), rerun_s=round(time.perf_counter() - started, 4))
     return origin
