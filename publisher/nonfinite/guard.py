@@ -77,6 +77,9 @@ def nonfinite_words(origin: dict[str, Any], step: int) -> str:
                 "corruption, a flaky device or a race; check the node's health (runbook) and keep the "
                 "repro bundle")
     module, phase = origin["module"], origin["phase"]
+    if module == "input":
+        return (f"non-finite values at step {step} come from the model's inputs: the batch holds NaN or Inf "
+                "(a corrupt record, a bad transform); the repro bundle holds it")
     if module == "loss":
         return (f"non-finite values start in the loss's backward at step {step} (the gradient reaching the "
                 "model's output is non-finite, the model's forward is finite); the re-run reproduces it")

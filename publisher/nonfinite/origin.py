@@ -4,7 +4,8 @@ For each call the step made (:mod:`~publisher.nonfinite.capture`), with the RNG 
 the root's forward runs again with a forward pre-hook and a forward hook on every module: the
 first module, in execution order, whose output is non-finite while its inputs were finite is the
 forward origin (a module whose *inputs* are already non-finite, from its caller's own code
-between two submodules, names that caller). If the forward is finite, the backward runs from
+between two submodules, names that caller; inputs of the model itself that are non-finite name
+``input``: the batch). If the forward is finite, the backward runs from
 the gradient that reached the model's output in the real step, with tensor hooks on every
 module's outputs, inputs and own parameters: the first module whose input or parameter gradient
 is non-finite while the gradient at its outputs was finite is the backward origin. A gradient
@@ -103,10 +104,13 @@ def _restored(root: nn.Module, call: ModelCall) -> Iterator[None]:
 
 def _forward_hooks(root: nn.Module, search: _Search) -> list[RemovableHandle]:
     def before(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if search.found is None and search.stack and not _finite(_tensors((args, kwargs))):
-            caller = search.stack[-1]
-            callee = search.names.get(id(module))
-            search.forward_found(caller, f"its own code passed a non-finite input to {callee}")
+        if search.found is None and not _finite(_tensors((args, kwargs))):
+            if search.stack:
+                callee = search.names.get(id(module))
+                search.forward_found(search.stack[-1], f"its own code passed a non-finite input to {callee}")
+            else:
+                search.found = {"module": "input", "class": None, "phase": "forward", "inputs_finite": False,
+                                "why": "the model's inputs (the batch) hold NaN or Inf"}
         search.stack.append(module)
 
     def after(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:

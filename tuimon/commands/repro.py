@@ -54,6 +54,8 @@ def _verdict(origin: dict[str, Any]) -> str:
         return ("not reproduced: the re-run on the same inputs and RNG state is finite. Not the code: "
                 "suspect the hardware (silent data corruption, a flaky device) or a race; "
                 "check the node's health")
+    if origin.get("module") == "input":
+        return "reproduced: the model's inputs (the batch) hold NaN or Inf"
     if origin.get("module") == "loss":
         return "reproduced: the loss's backward (the gradient at the model's output is non-finite)"
     return (f"reproduced: the {origin.get('phase')} of {origin.get('module')} ({origin.get('class')}) "
