@@ -35,6 +35,10 @@ def _origins(recording: h.Recording) -> list[dict[str, Any]]:
     return recording.events("nonfinite_origin")
 
 
+def _origin_events(recording: Path) -> list[dict[str, Any]]:
+    return [e for e in of_type(read_messages(recording), "event") if e["kind"] == "nonfinite_origin"]
+
+
 def _run(name: str, tmp_path: Path, model_known: bool = True) -> h.Recording:
     [recording] = h.run_case(h._load(name), model_known=model_known, record_dir=tmp_path)
     return recording
@@ -69,7 +73,8 @@ def test_a_one_off_glitch_is_not_reproduced_and_skip_keeps_training_finite(tmp_p
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal values, NaN equal to NaN (BatchNorm's statistics took the NaN batch in)."""
-    return torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+    return torch.equal(a, b) or (a.is_floating_point()
+                                 and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
 
 
 def _adam_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
@@ -109,7 +114,7 @@ def test_skip_leaves_parameters_and_optimizer_state_bit_identical(tmp_path: Path
         monitor.step(None)
     finally:
         monitor.close()
-    [event] = [e for e in of_type(read_messages(tmp_path / "run.jsonl"), "event") if e["kind"] == "nonfinite_origin"]
+    [event] = _origin_events(tmp_path / "run.jsonl")
     origin = event["details"]["origin"]
     assert (origin["module"], origin["inputs_finite"], origin["reproduced"]) == ("input", False, True)
     assert "the batch holds NaN" in event["message"]
@@ -144,12 +149,13 @@ def test_stop_raises_after_the_bundle_is_written_and_healthy_steps_leave_nothing
     case.restore_rng()
     assert not torch.isfinite(model(*args)).all(), "the bundle reproduces the step in a notebook"
     assert case.origin["module"] == "input" and case.origin["phase"] == "forward"
-    shown = subprocess.run([*TUIMON, "repro", "show", str(bundle)], capture_output=True, text=True, timeout=60)
+    shown = subprocess.run([*TUIMON, "repro", "show", str(bundle)], capture_output=True, text=True,
+                           timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "step 6" in shown.stdout and "the model's inputs (the batch) hold NaN or Inf" in shown.stdout
     assert "repro.load" in shown.stdout
-    as_json = subprocess.run([*TUIMON, "repro", "show", str(bundle), "--json"], capture_output=True, text=True,
-                             timeout=60)
+    as_json = subprocess.run([*TUIMON, "repro", "show", str(bundle), "--json"], capture_output=True,
+                             text=True, timeout=60)
     assert json.loads(as_json.stdout)["origin"]["reproduced"] is True
     refused = subprocess.run([*TUIMON, "repro", "show", str(tmp_path / "run.jsonl")], capture_output=True,
                              text=True, timeout=60)
@@ -164,7 +170,7 @@ def test_an_unknown_model_is_said_and_not_guessed(tmp_path: Path) -> None:
         x[0, 0] = float("nan")
         _adam_step(model, optimizer, x)
         monitor.step(None)
-    [event] = [e for e in of_type(read_messages(tmp_path / "run.jsonl"), "event") if e["kind"] == "nonfinite_origin"]
+    [event] = _origin_events(tmp_path / "run.jsonl")
     assert event["details"]["origin"]["rerun"] is False
     assert "could not re-run" in event["message"] and "model is unknown" in event["message"]
 
@@ -175,7 +181,7 @@ def test_tuimon_run_names_the_origin_of_an_unmodified_script(tmp_path: Path) -> 
                                              options=["--on-nonfinite", "skip"])
     assert result.returncode == 0, result.stderr
     messages = read_messages(recording)
-    [event] = [e for e in of_type(messages, "event") if e["kind"] == "nonfinite_origin"]
+    [event] = _origin_events(recording)
     origin = event["details"]["origin"]
     assert (origin["module"], origin["phase"], origin["reproduced"]) == ("Net.attn", "forward", True)
     bundle = Path(event["details"]["repro"])

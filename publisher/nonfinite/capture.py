@@ -7,8 +7,9 @@ a forward hook keeps the outputs that require a gradient (references, detached) 
 tensor hook on each, to keep the gradient that arrived there from the loss: the re-run's backward
 starts from it, so the loss function need not be known, and the outputs say whether the real
 step's forward was finite (a re-run that is finite where they were not did not reproduce it).
-Both live until the step's end: one output-sized tensor each beyond what the step holds anyway. Calls are forgotten at each step's end; the last :data:`CALLS_KEPT` of a step
-are kept (gradient accumulation). Calls whose outputs need no gradient (evaluation) are dropped.
+Both live until the step's end: one output-sized tensor each beyond what the step holds anyway.
+Calls are forgotten at each step's end; the last :data:`CALLS_KEPT` of a step are kept (gradient
+accumulation). Calls whose outputs need no gradient (evaluation) are dropped.
 """
 
 from __future__ import annotations

@@ -178,6 +178,11 @@ def find_origin(calls: list[ModelCall]) -> dict[str, Any]:
         return {"reproduced": None, "rerun": False,
                 "why": "no model call of this step was seen: the model is unknown (give it to the Monitor, "
                        "or keep per-layer stats on so that it is found) or its forward ran without gradients"}
+    if not _finite(list(calls[0].module.parameters())):
+        return {"reproduced": None, "rerun": False,
+                "why": "the weights are already non-finite: the step that went wrong first was not checked "
+                       "(the gradient norm's budget skipped it; grad_norm_budget=1.0, or on_nonfinite='skip' "
+                       "or 'stop', checks every step)"}
     started = time.perf_counter()
     results = []
     for index, call in enumerate(calls):

@@ -25,7 +25,8 @@ def train(run: Run) -> None:
         optimizer.step()
 
 
-CASE = Case("fault_ddp_nonfinite", train, expect=("nonfinite_origin",), trigger=TRIGGER, within=0, world_size=2)
+CASE = Case("fault_ddp_nonfinite", train, expect=("nonfinite_origin",), trigger=TRIGGER, within=0,
+            world_size=2)
 
 if __name__ == "__main__":
     raise SystemExit(main(CASE))
