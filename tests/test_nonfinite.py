@@ -189,3 +189,19 @@ def test_tuimon_run_names_the_origin_of_an_unmodified_script(tmp_path: Path) -> 
     assert repro.load(bundle).manifest["loss"] is not None, "tuimon run knows the loss before the update"
     losses = [m["metrics"]["loss"] for m in of_type(messages, "metrics") if m["step"] > event["step"]]
     assert losses and all(math.isfinite(loss) for loss in losses), "skip kept the weights finite"
+
+
+def test_a_loss_that_goes_non_finite_on_finite_outputs_is_told_apart_from_the_model(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Monitor(model, optimizer, record=tmp_path / "run.jsonl", gpu="none") as monitor:
+        x = torch.randn(8, 4)
+        optimizer.zero_grad()
+        (model(x) * 0).sqrt().mean().backward()  # sqrt'(0): a finite loss, an infinite derivative
+        optimizer.step()
+        monitor.step(None)
+    [event] = _origin_events(tmp_path / "run.jsonl")
+    origin = event["details"]["origin"]
+    assert (origin["module"], origin["reproduced"]) == ("loss", None)
+    assert "outside the model" in event["message"] and "loss function" in event["message"]

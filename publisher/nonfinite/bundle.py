@@ -59,8 +59,7 @@ def write(path: Path, *, facts: dict[str, Any], origin: dict[str, Any], batch: A
         "batch": tree_map(_portable, batch),
         "calls": [{"module": type(c.module).__name__, "args": tree_map(_portable, c.args),
                    "kwargs": tree_map(_portable, c.kwargs), "cpu_rng": c.cpu_rng, "cuda_rng": c.cuda_rng,
-                   "outputs": [_portable(t) for t in c.outputs],
-                   "output_grads": [_portable(c.output_grads.get(i)) for i in range(len(c.outputs))]}
+                   "outputs": [_portable(t) for t in c.outputs]}
                   for c in calls],
     }
     if weights_of is not None:

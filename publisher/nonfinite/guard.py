@@ -8,11 +8,10 @@ on the steps its budget allows with ``on_nonfinite="report"``, on every step wit
 a GPU reading it waits for the device, so with ``"report"`` it is not read there (the existing
 detectors report the step, one fetch later, without an origin), and with ``"skip"`` or
 ``"stop"`` one sync per step is the price, as ``torch.amp.GradScaler`` pays it for its
-``found_inf``. On a CPU step whose norm the budget skips, the model's outputs and the gradients
-that reached them (kept by :mod:`~publisher.nonfinite.capture`) are read instead: a NaN of the
-forward or the loss shows there for a few microseconds; one born in the backward waits for the
-next norm, and the re-run then says that the weights were already non-finite rather than
-blame a module.
+``found_inf``. On a CPU step whose norm the budget skips, nothing is checked: a NaN
+born there is seen at the next norm, and the re-run then says that the weights were already
+non-finite rather than blame a module (``grad_norm_budget=1.0``, or ``skip``/``stop``, check
+every step).
 
 On the first non-finite step of an episode the step is re-run (:mod:`publisher.nonfinite.origin`)
 and a repro bundle written (:mod:`publisher.nonfinite.bundle`), then one ``nonfinite_origin``
@@ -75,6 +74,11 @@ def nonfinite_words(origin: dict[str, Any], step: int) -> str:
     """The origin in words, with what to do next."""
     if not origin.get("rerun"):
         return f"non-finite gradients at step {step}; could not re-run the step: {origin.get('why')}"
+    if origin.get("module") == "loss":
+        return (f"non-finite gradients at step {step} from outside the model: its forward and backward "
+                "re-run finite and its output was finite, so the loss function produced them (a log of 0, a "
+                "division by a zero count), or a one-off fault in the backward did; call the loss on the "
+                "bundle's outputs")
     if not origin.get("reproduced"):
         return (f"non-finite gradients at step {step}, but a re-run of the step on the same inputs and RNG "
                 f"state is finite ({origin.get('why')}): not the code. A transient fault: silent data "
@@ -84,9 +88,6 @@ def nonfinite_words(origin: dict[str, Any], step: int) -> str:
     if module == "input":
         return (f"non-finite values at step {step} come from the model's inputs: the batch holds NaN or Inf "
                 "(a corrupt record, a bad transform); the repro bundle holds it")
-    if module == "loss":
-        return (f"non-finite values start in the loss's backward at step {step} (the gradient reaching the "
-                "model's output is non-finite, the model's forward is finite); the re-run reproduces it")
     return (f"non-finite values start in the {phase} of {module} ({origin['class']}) at step {step}, its "
             f"inputs finite; the re-run on the same inputs and RNG state reproduces it: a bug in that "
             f"module's {phase} for this input")
@@ -159,13 +160,10 @@ class NonFiniteGuard:
         acting = self.settings.policy != "report"
         norms = self.norms = self._measure(acting)
         self.measured = True
-        if norms is not None and (norms.total.is_cpu or acting):
-            bad: bool | None = not math.isfinite(norms.total.item())
-        else:
-            bad = self._outputs_bad()
-        if not bad:
-            if bad is not None:
-                self._in_episode = False
+        if norms is None or not (norms.total.is_cpu or acting):
+            return
+        if math.isfinite(norms.total.item()):
+            self._in_episode = False
             return
         step = self._current_step() + 1
         if not self._in_episode:
@@ -176,16 +174,6 @@ class NonFiniteGuard:
         elif self.settings.policy == "stop":
             raise NonFiniteStop(f"tuimon: non-finite gradients at step {step}; training stopped before the "
                                 "update (on_nonfinite='stop'); the repro bundle and the event say more")
-
-    def _outputs_bad(self) -> bool | None:
-        """Between two gradient norms (``report`` on a CPU): the model's outputs and the gradients
-        that reached them, host tensors of the step read for little (a NaN of the forward or of the
-        loss shows there; one of the backward waits for the next norm). None: nothing on the host."""
-        tensors = [t for call in self.capture.calls for t in (*call.outputs, *call.output_grads.values())
-                   if t.is_floating_point()]
-        if not tensors or not all(t.is_cpu for t in tensors):
-            return None
-        return not all(bool(torch.isfinite(t).all()) for t in tensors)
 
     def _after(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._depth -= 1

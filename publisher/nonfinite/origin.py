@@ -5,13 +5,15 @@ the root's forward runs again with a forward pre-hook and a forward hook on ever
 first module, in execution order, whose output is non-finite while its inputs were finite is the
 forward origin (a module whose *inputs* are already non-finite, from its caller's own code
 between two submodules, names that caller; inputs of the model itself that are non-finite name
-``input``: the batch). If the forward is finite, the backward runs from
-the gradient that reached the model's output in the real step, with tensor hooks on every
-module's outputs, inputs and own parameters: the first module whose input or parameter gradient
-is non-finite while the gradient at its outputs was finite is the backward origin. A gradient
-already non-finite at the model's output names the loss. Nothing non-finite in the re-run means
-the step's fault did not reproduce: hardware or a race, not the code (Megatron-LM's rerun state
-machine, ``megatron/core/rerun_state_machine.py``, re-runs a step for the same verdict).
+``input``: the batch). If the forward is finite, the backward runs from the gradient of the
+outputs' mean (the loss function is not known; a singular derivative shows whatever gradient
+reaches it), with tensor hooks on every module's outputs, inputs and own parameters: the first
+module whose input or parameter gradient is non-finite while the gradient at its outputs was
+finite is the backward origin. A re-run that is finite where the step's own output was not did
+not reproduce it: hardware or a race, not the code (Megatron-LM's rerun state machine,
+``megatron/core/rerun_state_machine.py``, re-runs a step for the same verdict); one that is
+finite where the step's output was finite too leaves the loss function, which is not re-run, or
+a one-off fault in the backward: ``module: "loss"``, ``reproduced: null``.
 
 The re-run synchronises with the device (each check reads a flag): it runs only on the step of
 an anomaly. It restores what it touches: module buffers (BatchNorm statistics), the parameters'
@@ -154,19 +156,20 @@ def rerun(call: ModelCall) -> dict[str, Any]:
             if search.found is None and not _finite(call.outputs):
                 return {"reproduced": False, "phase": "forward",
                         "why": "the step's own forward produced a non-finite output; the re-run's is finite"}
-            if search.found is None:
-                grads = [call.output_grads.get(i) for i in range(len(outputs))]
-                pairs = [(t, g) for t, g in zip(outputs, grads, strict=False) if g is not None]
-                if pairs and not _finite([g for _, g in pairs]):
-                    why = ("the gradient reaching the model's output is already non-finite: "
-                           "the loss function's backward produced it")
-                    search.found = {"module": "loss", "class": None, "phase": "backward",
-                                    "inputs_finite": True, "why": why}
-                elif pairs:
-                    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            if search.found is None and outputs:
+                # The loss is not known: the backward starts from the gradient of the outputs' mean,
+                # which reaches every value (a singular derivative shows whatever the loss).
+                seeds = [torch.full_like(t, 1.0 / max(t.numel(), 1)) for t in outputs]
+                torch.autograd.backward(outputs, seeds)
         finally:
             for handle in handles + search.handles:
                 handle.remove()
+    if search.found is None and call.outputs:
+        why = ("the model's forward and backward re-run finite, and its output in the step was finite: the "
+               "non-finite gradient came from the loss function (not re-run: it is not known), or from a "
+               "one-off fault in the backward")
+        return {"module": "loss", "class": None, "phase": None, "inputs_finite": True, "reproduced": None,
+                "why": why}
     if search.found is None:
         return {"reproduced": False}
     return {**search.found, "reproduced": True}

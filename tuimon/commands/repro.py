@@ -50,14 +50,15 @@ def run(args: argparse.Namespace) -> int:
 def _verdict(origin: dict[str, Any]) -> str:
     if not origin.get("rerun"):
         return f"not re-run: {origin.get('why')}"
+    if origin.get("module") == "loss":
+        return ("outside the model: the loss function, or a one-off fault in the backward "
+                "(the loss is not re-run)")
     if not origin.get("reproduced"):
         return ("not reproduced: the re-run on the same inputs and RNG state is finite. Not the code: "
                 "suspect the hardware (silent data corruption, a flaky device) or a race; "
                 "check the node's health")
     if origin.get("module") == "input":
         return "reproduced: the model's inputs (the batch) hold NaN or Inf"
-    if origin.get("module") == "loss":
-        return "reproduced: the loss's backward (the gradient at the model's output is non-finite)"
     return (f"reproduced: the {origin.get('phase')} of {origin.get('module')} ({origin.get('class')}) "
             "produces it from finite inputs")
 
