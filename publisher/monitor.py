@@ -185,8 +185,7 @@ class Monitor:
         if not self._params.optimizers:
             return None
         guard = NonFiniteGuard(settings, measure=self._measure_grads, current_step=lambda: self._step,
-                               publish=lambda kind, message, step, details: self._reporter.event(
-                                   kind, message, None, step, details),
+                               tracker=self._reporter.detectors.tracker,
                                batch=lambda: self._batch, loss=lambda: self.loss_source(),
                                on_error=self._telemetry_failed)
         for optimizer in self._params.optimizers:

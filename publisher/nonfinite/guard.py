@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from publisher.detectors.base import Finding
+from publisher.detectors.episodes import EpisodeTracker
 from publisher.nonfinite import bundle
 from publisher.nonfinite.capture import StepCapture
 from publisher.nonfinite.origin import find_origin
@@ -102,7 +104,7 @@ class NonFiniteGuard:
         *,
         measure: Callable[[bool], GradNorms | None],
         current_step: Callable[[], int],
-        publish: Callable[[str, str, int, dict[str, Any]], object],
+        tracker: EpisodeTracker,
         batch: Callable[[], Any],
         loss: Callable[[], float | None],
         on_error: Callable[[str, BaseException], None],
@@ -114,7 +116,7 @@ class NonFiniteGuard:
         self.norms: GradNorms | None = None
         self._measure = measure
         self._current_step = current_step
-        self._publish = publish
+        self._tracker = tracker
         self._batch = batch
         self._loss = loss
         self._on_error = on_error
@@ -163,7 +165,9 @@ class NonFiniteGuard:
         if norms is None or not (norms.total.is_cpu or acting):
             return
         if math.isfinite(norms.total.item()):
-            self._in_episode = False
+            if self._in_episode:  # the episode's event closes with the first finite step
+                self._in_episode = False
+                self._tracker.observe(self, self._current_step() + 1, (), quiet_to_close=1)
             return
         step = self._current_step() + 1
         if not self._in_episode:
@@ -221,4 +225,5 @@ class NonFiniteGuard:
             message += "; the update is skipped"
         elif settings.policy == "stop":
             message += "; training stops"
-        self._publish(KIND, message, step, details)
+        # An episode's event, as the detectors' are (one per episode, with the run's replay record).
+        self._tracker.observe(self, step, [Finding(KIND, message, details)], quiet_to_close=1)
