@@ -150,6 +150,10 @@ class NonFiniteGuard:
         self._depth += 1
         if self._depth > 1:  # a subclass's step() calling super().step(): one training step
             return
+        if kwargs and "found_inf" in kwargs:
+            # GradScaler hands a fused optimizer its scaled gradients and the verdict on them: an
+            # overflow there is the scaler's to skip, as it does, not a fault.
+            return
         try:
             self._check(optimizer)
         except NonFiniteStop:
