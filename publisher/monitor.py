@@ -467,13 +467,17 @@ class Monitor:
 
     def batch_arrived(self, waited_s: float, batch: Any = None) -> None:
         """A batch reached the loop after ``waited_s`` seconds (``track_data``, ``tuimon run``): the
-        step's own work, timed as ``compute_time``, starts with its first batch. The batch is kept
-        by reference until the next one (a repro bundle holds the step's batch; nothing is copied)."""
-        self._batch = batch
+        step's own work, timed as ``compute_time``, starts with its first batch."""
+        self.hold_batch(batch)
         try:
             self._compute.batch_arrived(waited_s)
         except Exception as exc:
             self._telemetry_failed("compute time", exc)
+
+    def hold_batch(self, batch: Any) -> None:
+        """The batch the training is using, kept by reference until the next one: a repro bundle
+        holds the step's batch (nothing is copied on a healthy step)."""
+        self._batch = batch
 
     def note_batch(self, passes: LoaderPasses, batch: Any) -> None:
         """Fingerprint a batch the training is about to use (``track_data``, ``tuimon run``)."""

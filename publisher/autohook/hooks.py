@@ -114,7 +114,7 @@ class _Session:
         )
         monitor.loss_source = self.pending_loss
         if self.batches:  # the batch of this first step, seen before the Monitor existed
-            monitor.batch_arrived(0.0, self.batches[-1][1])
+            monitor.hold_batch(self.batches[-1][1])
         self.primary = optimizer
         self.optimizers.append(optimizer)
         return monitor
