@@ -205,3 +205,23 @@ def test_a_loss_that_goes_non_finite_on_finite_outputs_is_told_apart_from_the_mo
     origin = event["details"]["origin"]
     assert (origin["module"], origin["reproduced"]) == ("loss", None)
     assert "outside the model" in event["message"] and "loss function" in event["message"]
+
+
+def test_with_gradient_accumulation_the_micro_batch_that_reproduces_is_the_one_named(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Monitor(model, optimizer, record=tmp_path / "run.jsonl", gpu="none", on_nonfinite="skip") as monitor:
+        optimizer.zero_grad()
+        for micro in range(3):
+            x = torch.randn(4, 4)
+            if micro == 1:
+                x[0, 0] = float("nan")
+            model(x).pow(2).mean().backward()
+        optimizer.step()
+        monitor.step(None)
+    [event] = _origin_events(tmp_path / "run.jsonl")
+    origin = event["details"]["origin"]
+    assert (origin["module"], origin["call"], origin["calls"]) == ("input", 1, 3)
+    case = repro.load(event["details"]["repro"])
+    assert not torch.isfinite(case.inputs()[0][0]).all(), "the bundle's inputs are the call that reproduced"
