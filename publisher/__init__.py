@@ -18,6 +18,8 @@ each part does:
 - ``stats/``: per-layer statistics;
 - ``detectors/``: anomaly detectors and the episodes that fold their findings into events;
 - ``invariants/``: training invariants (after TrainCheck, OSDI 2025) checked from hooks;
+- ``nonfinite/``: where a NaN or Inf came from (the step re-run, module by module), what the step
+  does (report, skip, stop) and the repro bundle; ``repro.py`` opens a bundle in a notebook;
 - ``autohook/``: zero-code instrumentation for ``tuimon run``.
 
 This package never imports textual, sqlite-utils or the ``tuimon`` app (checked by import-linter):

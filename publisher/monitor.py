@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ import torch
 from publisher.detectors import Detector
 from publisher.invariants import InvariantConfig
 from publisher.measure.fetch import DeviceFetch
+from publisher.nonfinite.guard import GuardSettings, NonFiniteGuard
 from publisher.patches import torch_calls
 from publisher.readings.batches import BatchPrint, LoaderBook, LoaderPasses
 from publisher.readings.compute_time import ComputeTimer
@@ -97,6 +99,13 @@ class Monitor:
     (:mod:`publisher.threads.watchdog`); None (the default) for max(5 s, 10 typical steps).
     Heartbeats carry ``stalled_s`` from the first step on either way, and the thread's stack from
     half the threshold on.
+    ``on_nonfinite``: what a step whose gradients are NaN or Inf does, checked before the optimizer
+    applies them (:mod:`publisher.nonfinite`): ``"report"`` (the default: training unchanged),
+    ``"skip"`` (the update is dropped, counted as ``nonfinite_skipped``) or ``"stop"``
+    (:class:`~publisher.nonfinite.guard.NonFiniteStop` out of ``optimizer.step()``). Either way
+    the first bad step of an episode is re-run to name the module that produced the first
+    non-finite value (a ``nonfinite_origin`` event) and a repro bundle is written next to the
+    recording; ``repro_weights`` puts the weights in it too.
     """
 
     def __init__(
@@ -120,6 +129,8 @@ class Monitor:
         memory_interval_s: float = DEFAULT_INTERVAL_S,
         repeated_batches: bool = False,
         hang_after_s: float | None = None,
+        on_nonfinite: str = "report",
+        repro_weights: bool = False,
     ) -> None:
         self._params = TrainedParams(model, optimizer)
         # Settings are checked before anything binds a port or starts a thread.
@@ -132,6 +143,8 @@ class Monitor:
         self.run = run or default_run_name()
         self.rank = default_rank() if rank is None else rank
         self.world_size = default_world_size() if world_size is None else world_size
+        guard_settings = GuardSettings(on_nonfinite, self.run, self.rank,
+                                       None if record is None else Path(record), seed, bool(repro_weights))
         self._errors = TelemetryErrors()
         self._closed = False
         self._pid = os.getpid()
@@ -160,7 +173,34 @@ class Monitor:
         self._layers = self._parts.layers
         self._invariants = self._parts.invariants
         self._watchdog = self._parts.watchdog
+        self._batch: Any = None  # the latest batch, by reference (a repro bundle holds it)
+        #: The step's loss before ``step()`` is called, where a caller knows it (``tuimon run``).
+        self.loss_source: Callable[[], float | None] = lambda: None
+        self._guard = self._nonfinite_guard(guard_settings, model)
         atexit.register(self._close_at_exit)
+
+    def _nonfinite_guard(self, settings: GuardSettings,
+                         model: torch.nn.Module | None) -> NonFiniteGuard | None:
+        """The check before each update (:mod:`publisher.nonfinite.guard`), where there is an optimizer."""
+        if not self._params.optimizers:
+            return None
+        guard = NonFiniteGuard(settings, measure=self._measure_grads, current_step=lambda: self._step,
+                               tracker=self._reporter.detectors.tracker,
+                               batch=lambda: self._batch, loss=lambda: self.loss_source(),
+                               on_error=self._telemetry_failed)
+        for optimizer in self._params.optimizers:
+            guard.watch(optimizer)
+        if model is not None:
+            guard.capture.attach(model)
+        return guard
+
+    def _measure_grads(self, force: bool) -> GradNorms | None:
+        """The step's gradient norms, as :meth:`step` would measure them (``force``: whatever the budget)."""
+        if not self._params.params:
+            return None
+        if force or (self._layers is not None and self._layers.sampling):
+            return self._grad_norm.now(self._params.current())
+        return self._grad_norm.due(self._params.current)
 
     # -- the hot path ---------------------------------------------------------------------------
 
@@ -231,6 +271,9 @@ class Monitor:
             if self._invariants is not None and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
                 self._invariants.offer_graph(loss)
         grads = None if "grad_norm" in extra else self._read_grad_norm(sampling, readings)
+        guard = self._guard
+        if guard is not None:
+            self._guard_step_done(guard, readings)
         self._read_lr(readings)
         self._read_timing(now, tokens, samples, data_time, readings)
         if extra:
@@ -241,13 +284,27 @@ class Monitor:
         if self._invariants is not None:
             self._invariants.sync(step)
 
+    def _guard_step_done(self, guard: NonFiniteGuard, readings: StepReadings) -> None:
+        """The step is recorded: count skipped updates, find the model's root once discovered."""
+        if guard.skipped:
+            readings.metrics["nonfinite_skipped"] = float(guard.skipped)
+        guard.step_done()
+        if not guard.capture.roots and self._layers is not None:
+            for root in self._layers.roots:
+                guard.capture.attach(root)
+
     def _read_grad_norm(self, sampling: bool, readings: StepReadings) -> GradNorms | None:
-        """The gradient norms on a sampled step, else as often as ``grad_norm_budget`` allows."""
+        """The gradient norms on a sampled step, else as often as ``grad_norm_budget`` allows
+        (measured before the update by the non-finite check, where it ran: the same gradients)."""
         if not self._params.params:
             return None
+        guard = self._guard
         try:
-            grads = (self._grad_norm.now(self._params.current()) if sampling
-                     else self._grad_norm.due(self._params.current))
+            if guard is not None and guard.measured:
+                grads = guard.norms
+            else:
+                grads = (self._grad_norm.now(self._params.current()) if sampling
+                         else self._grad_norm.due(self._params.current))
         except Exception as exc:  # a broken measurement costs itself, not the step's metrics
             self._telemetry_failed("gradient norm", exc)
             return None
@@ -394,6 +451,8 @@ class Monitor:
                 self._layers.add_optimizer(optimizer)
             if self._invariants is not None:
                 self._invariants.add_optimizer(optimizer)
+            if self._guard is not None:
+                self._guard.watch(optimizer)
         except Exception as exc:
             self._telemetry_failed("add_optimizer()", exc)
 
@@ -405,17 +464,23 @@ class Monitor:
         passes = self._loaders.passes_for(iterable)
         passes.new_pass()
         for item in self._timer.track(iterable):
-            self.batch_arrived(self._timer.last_fetch_s)
+            self.batch_arrived(self._timer.last_fetch_s, item)
             self.note_batch(passes, item)
             yield item
 
-    def batch_arrived(self, waited_s: float) -> None:
+    def batch_arrived(self, waited_s: float, batch: Any = None) -> None:
         """A batch reached the loop after ``waited_s`` seconds (``track_data``, ``tuimon run``): the
         step's own work, timed as ``compute_time``, starts with its first batch."""
+        self.hold_batch(batch)
         try:
             self._compute.batch_arrived(waited_s)
         except Exception as exc:
             self._telemetry_failed("compute time", exc)
+
+    def hold_batch(self, batch: Any) -> None:
+        """The batch the training is using, kept by reference until the next one: a repro bundle
+        holds the step's batch (nothing is copied on a healthy step)."""
+        self._batch = batch
 
     def note_batch(self, passes: LoaderPasses, batch: Any) -> None:
         """Fingerprint a batch the training is about to use (``track_data``, ``tuimon run``)."""
@@ -491,6 +556,8 @@ class Monitor:
         self._compute.close()
         torch_calls.unwatch(self._calls)
         atexit.unregister(self._close_at_exit)
+        if self._guard is not None:
+            self._guard.close()
         # The last steps' metrics, still on the device, first: then the parts, in their order.
         actions: list[Callable[[], None]] = [partial(self._fetch.drain, wait=True)]
         for action in actions + self._parts.closers(status, error):

@@ -84,6 +84,7 @@ def test_the_suite_covers_the_bug_classes() -> None:
         "optimizer_noop", "stale_gradients", "missing_gradient", "eval_mode_training",  # invariants
         "replica_divergence", "frozen_param_changed", "tie_broken", "clip_noop", "unowned_tensors",
         "loss_input_mismatch", "single_class_labels", "class_sorted_batches",  # the loss call's tensors
+        "nonfinite_origin",  # the step re-run
     } <= expected
     assert len(HEALTHY_CASES) >= 25
     assert {"fault_debug_slowdown", "fault_kept_graph_leak", "fault_eval_after_validation",
@@ -104,6 +105,24 @@ def test_fault_is_caught_soon_after_its_trigger(suite: Path, name: str) -> None:
         assert details["replay"]["step"] == event["step"] and details["replay"]["rank"] == event["rank"]
         assert details["replay"]["run"] == name
         assert event["message"] and isinstance(event["count"], int)
+
+
+@pytest.mark.parametrize(("name", "module", "phase", "reproduced"), [
+    ("fault_nonfinite_forward", "Net.attn", "forward", True),
+    ("fault_nonfinite_backward", "Net.scale", "backward", True),
+    ("fault_nonfinite_glitch", None, "forward", False),
+    ("fault_ddp_nonfinite", "Net.attn", "forward", True),
+])
+def test_nonfinite_origin_names_the_module_the_phase_and_whether_it_reproduced(
+        suite: Path, name: str, module: str | None, phase: str, reproduced: bool) -> None:
+    """With the model given (without it: ``test_nonfinite.py``), on every rank, with its bundle."""
+    case = _case(name)
+    for recording in h.recordings_of(name, case.world_size, suite):
+        [event] = recording.events("nonfinite_origin")
+        origin = event["details"]["origin"]
+        assert (origin["module"], origin["phase"], origin["reproduced"]) == (module, phase, reproduced), name
+        assert event["step"] == case.first_faulty_step
+        assert Path(event["details"]["repro"]).is_file(), "the repro bundle lies next to the recording"
 
 
 @pytest.mark.parametrize("name", HEALTHY_CASES)

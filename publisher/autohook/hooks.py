@@ -57,6 +57,10 @@ ENV_ENDPOINT = "TUIMON_ENDPOINT"
 ENV_GPU = "TUIMON_GPU"
 #: "1": the program repeats batches on purpose (an overfit-one-batch check).
 ENV_REPEATED_BATCHES = "TUIMON_REPEATED_BATCHES"
+#: What a step with non-finite gradients does: ``report``, ``skip`` or ``stop`` (:mod:`publisher.nonfinite`).
+ENV_ON_NONFINITE = "TUIMON_ON_NONFINITE"
+#: "1": repro bundles hold the weights too.
+ENV_REPRO_WEIGHTS = "TUIMON_REPRO_WEIGHTS"
 
 #: The attribute set on torch once it is instrumented: a second install would wrap twice.
 _INSTRUMENTED = "_tuimon_instrumented"
@@ -105,7 +109,12 @@ class _Session:
             record=record_path(prefix, rank, os.getpid()) if prefix else None,
             gpu=os.environ.get(ENV_GPU) or "auto",
             repeated_batches=os.environ.get(ENV_REPEATED_BATCHES) == "1",
+            on_nonfinite=os.environ.get(ENV_ON_NONFINITE) or "report",
+            repro_weights=os.environ.get(ENV_REPRO_WEIGHTS) == "1",
         )
+        monitor.loss_source = self.pending_loss
+        if self.batches:  # the batch of this first step, seen before the Monitor existed
+            monitor.hold_batch(self.batches[-1][1])
         self.primary = optimizer
         self.optimizers.append(optimizer)
         return monitor
@@ -144,12 +153,20 @@ class _Session:
         except Exception as exc:  # never break the user's training because of telemetry
             self.stop(exc)
 
-    def _take_loss(self) -> Any:
+    def pending_loss(self) -> float | None:
+        """The step's loss before the update (a repro bundle's): read only on a non-finite step."""
+        loss = self._peek_loss()
+        return None if loss is None else float(loss)
+
+    def _peek_loss(self) -> Any:
         from publisher.readings.step import step_loss
 
-        losses = list(self.losses)
+        return step_loss(list(self.losses))
+
+    def _take_loss(self) -> Any:
+        loss = self._peek_loss()
         self.losses.clear()
-        return step_loss(losses)
+        return loss
 
 
 _session = _Session()
@@ -203,7 +220,7 @@ def _instrument(torch_module: ModuleType) -> None:
         waited = time.perf_counter() - started
         _session.data_time += waited
         if _session.monitor is not None and not _session.failed:
-            _session.monitor.batch_arrived(waited)
+            _session.monitor.batch_arrived(waited, batch)
         _session.samples += batch_size(batch)
         _session.batches.append((_passes_of(self, index), batch))
         return batch

@@ -180,6 +180,11 @@ class LayerSampler:
         """Wall time spent measuring so far (hooks and assembly), the sampler's own cost."""
         return self._meter.spent_ns / 1e9
 
+    @property
+    def roots(self) -> list[nn.Module]:
+        """The model's root modules: given, or found from the optimizers (zero-code mode)."""
+        return [root for _, root in self._roots]
+
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if any(optimizer is known for known in self._optimizers):
             return

@@ -22,6 +22,8 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("nonfinite_loss", "critical", "loss is NaN or Inf"),
         EventKind("nonfinite_grad", "critical", "a gradient holds NaN or Inf"),
         EventKind("nonfinite_param", "critical", "a parameter holds NaN or Inf"),
+        EventKind("nonfinite_origin", "critical",
+                  "where a NaN or Inf came from: the module, forward or backward, reproduced or not"),
         # Optimisation health.
         EventKind("loss_spike", "warning", "loss jumped far above its recent level"),
         EventKind("loss_plateau", "warning", "loss is not decreasing"),

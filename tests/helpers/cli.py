@@ -11,6 +11,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 #: The `tuimon` command, run by this interpreter.
@@ -20,12 +21,13 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def tuimon_run_command(
-    tmp_path: Path, command: list[str], run: str
+    tmp_path: Path, command: list[str], run: str, options: Sequence[str] = ()
 ) -> tuple[subprocess.CompletedProcess[str], list[Path]]:
-    """``tuimon run --record`` a command as a real subprocess; its result and its recordings."""
+    """``tuimon run --record`` a command as a real subprocess (``options``: more of ``tuimon run``'s);
+    its result and its recordings."""
     prefix = tmp_path / "rec" / "exp"
     result = subprocess.run(
-        [*TUIMON, "run", "--run", run, "--record", str(prefix), "--gpu", "none", "--", *command],
+        [*TUIMON, "run", "--run", run, "--record", str(prefix), "--gpu", "none", *options, "--", *command],
         capture_output=True,
         text=True,
         timeout=120,

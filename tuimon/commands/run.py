@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from publisher.wire.repro_bundle import POLICIES
 from tuimon.errors import UserError
 
 #: Signals passed on to the training program rather than killing the launcher first.
@@ -69,6 +70,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the program repeats batches on purpose (an overfit-one-batch check): not reported",
     )
+    parser.add_argument(
+        "--on-nonfinite",
+        choices=POLICIES,
+        default="report",
+        help="a step whose gradients are NaN or Inf, checked before the update: report it (default), "
+        "skip its update, or stop training; the first of an episode is re-run to name the module that "
+        "produced it, and a repro bundle is written next to the recording",
+    )
+    parser.add_argument(
+        "--repro-weights", action="store_true",
+        help="repro bundles hold the model's weights too (they can be large)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     parser.set_defaults(handler=run)
 
@@ -81,7 +94,7 @@ def _default_run_name(command: list[str]) -> str:
 
 def child_environment(
     *, run: str, record: str | None, endpoint: str | None, gpu: str, repeated_batches: bool = False,
-    base: dict[str, str] | None = None,
+    on_nonfinite: str = "report", repro_weights: bool = False, base: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment that makes every Python process of the job load the publisher's hooks."""
     from publisher.autohook import AUTOSTART_DIR
@@ -99,6 +112,8 @@ def child_environment(
     env["TUIMON_RUN"] = run
     env["TUIMON_GPU"] = gpu
     env["TUIMON_REPEATED_BATCHES"] = "1" if repeated_batches else "0"
+    env["TUIMON_ON_NONFINITE"] = on_nonfinite
+    env["TUIMON_REPRO_WEIGHTS"] = "1" if repro_weights else "0"
     for name, value in (("TUIMON_RECORD", record), ("TUIMON_ENDPOINT", endpoint)):
         if value:
             env[name] = value
@@ -148,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         Path(record).parent.mkdir(parents=True, exist_ok=True)
     env = child_environment(
         run=args.run or _default_run_name(command), record=record, endpoint=args.endpoint, gpu=args.gpu,
-        repeated_batches=args.repeated_batches,
+        repeated_batches=args.repeated_batches, on_nonfinite=args.on_nonfinite,
+        repro_weights=args.repro_weights,
     )
     if args.keys:
         env["TUIMON_KEYS"] = str(Path(args.keys).expanduser().resolve())
