@@ -69,7 +69,8 @@ class Repro:
         calls = self.tensors.get("calls") or []
         if calls:
             chosen = calls[(self.origin.get("call", 0) if call is None else call) or 0]
-            torch.set_rng_state(chosen["cpu_rng"])
+            if chosen.get("cpu_rng") is not None:
+                torch.set_rng_state(chosen["cpu_rng"])
             if chosen.get("cuda_rng") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(chosen["cuda_rng"])
         states = self.manifest.get("rng") or {}

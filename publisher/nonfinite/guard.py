@@ -85,7 +85,9 @@ def nonfinite_words(origin: dict[str, Any], step: int) -> str:
         return (f"non-finite gradients at step {step}, but a re-run of the step on the same inputs and RNG "
                 f"state is finite ({origin.get('why')}): not the code. A transient fault: silent data "
                 "corruption, a flaky device or a race; check the node's health (runbook) and keep the "
-                "repro bundle")
+                "repro bundle" + ("" if origin.get("rng_kept", True) else
+                                  " (the CPU RNG state was not kept, the model having no dropout module: a "
+                                  "forward that draws random numbers by hand re-ran with others)"))
     module, phase = origin["module"], origin["phase"]
     if module == "input":
         return (f"non-finite values at step {step} come from the model's inputs: the batch holds NaN or Inf "

@@ -86,7 +86,8 @@ def _restored(root: nn.Module, call: ModelCall) -> Iterator[None]:
     cpu_rng, cuda_rng = torch.get_rng_state(), cuda_rng_states()
     for p in params:
         p.grad = None
-    torch.set_rng_state(call.cpu_rng)
+    if call.cpu_rng is not None:
+        torch.set_rng_state(call.cpu_rng)
     if call.cuda_rng is not None:
         torch.cuda.set_rng_state_all(call.cuda_rng)
     try:
@@ -199,5 +200,6 @@ def find_origin(calls: list[ModelCall]) -> dict[str, Any]:
     if not origin["reproduced"]:
         origin = {"module": None, "class": None, "phase": None, "inputs_finite": None,
                   "why": "the re-run of the step's model calls is finite, forward and backward", **origin}
-    origin.update(rerun=True, calls=len(calls), rerun_s=round(time.perf_counter() - started, 4))
+    origin.update(rerun=True, calls=len(calls), rerun_s=round(time.perf_counter() - started, 4),
+                  rng_kept=calls[0].cpu_rng is not None or calls[0].cuda_rng is not None)
     return origin
