@@ -281,6 +281,8 @@ class Monitor:
         self._send(step, readings, grads, sampling)
         if layers is not None:
             layers.advance(self._timer.clock.seconds)
+        if guard is not None:
+            guard.prepare(self._grad_norm.due_next or (layers is not None and layers.sampling))
         if self._invariants is not None:
             self._invariants.sync(step)
 

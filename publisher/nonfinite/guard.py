@@ -129,6 +129,9 @@ class NonFiniteGuard:
         self._in_episode = False
         self._analyses = 0
         self._stashed: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        #: Whether the gradient norms were last on the host (a CPU run, where ``report`` reads
+        #: them); True until a step says otherwise.
+        self._host_norms = True
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         self._handles += [optimizer.register_step_pre_hook(self._before),
@@ -145,6 +148,12 @@ class NonFiniteGuard:
         self.capture.clear()
         self.norms = None
         self.measured = False
+
+    def prepare(self, norms_due: bool) -> None:
+        """Before the next step: keep its model calls only if its gradients will be checked
+        (``skip``/``stop``: every step; ``report``: where the norms are measured, ``norms_due``,
+        and read on the host), so that the other steps' forwards run without a hook."""
+        self.capture.arm(self.settings.policy != "report" or (norms_due and self._host_norms))
 
     # -- the hooks ------------------------------------------------------------------------------
 
@@ -168,7 +177,10 @@ class NonFiniteGuard:
         acting = self.settings.policy != "report"
         norms = self.norms = self._measure(acting)
         self.measured = True
-        if norms is None or not (norms.total.is_cpu or acting):
+        if norms is None:
+            return
+        self._host_norms = norms.total.is_cpu
+        if not (self._host_norms or acting):
             return
         if math.isfinite(norms.total.item()):
             if self._in_episode:  # the episode's event closes with the first finite step

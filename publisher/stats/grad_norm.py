@@ -95,6 +95,11 @@ class BudgetedGradNorm:
         """The norms whatever the budget (a sampled step reads them anyway)."""
         return self._normer(params)
 
+    @property
+    def due_next(self) -> bool:
+        """Whether the next :meth:`due` computes the norms."""
+        return self._wait <= 0
+
     def due(self, params: Callable[[], Sequence[torch.Tensor]]) -> GradNorms | None:
         """The norms of ``params()`` if the budget allows them on this step, else None (and
         ``params`` is not even called: the common case costs one comparison)."""
