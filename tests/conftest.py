@@ -24,7 +24,8 @@ for _size in ("COLUMNS", "LINES"):
 
 #: Modules that measure time on this machine (detection delays against their budgets, healthy runs
 #: that must not look slow, waits for a CPU): marked ``solo``, which ``make test`` runs alone after
-#: the rest has run in two processes, so that another test's work is not what they measure.
+#: the rest has run in two processes, so that another test's work is not what they measure. A test
+#: of another module that times the machine carries the mark itself.
 SOLO_MODULES = frozenset({"test_faults", "test_invariants", "test_invariants_ddp", "test_cpu_wait",
                           "test_stalls"})
 

@@ -582,6 +582,7 @@ def test_through_a_relay_the_viewer_takes_summaries_and_one_focused_rank_per_run
             source.stop()
 
 
+@pytest.mark.solo  # four training processes on two cores: a straggler is a matter of time
 def test_two_torchrun_nodes_under_tuimon_run_relay_name_a_diverging_replica_by_rank_and_host(
     tmp_path: Path, context: zmq.Context
 ) -> None:
