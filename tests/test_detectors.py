@@ -622,6 +622,43 @@ def test_lr_vanished_is_quiet_on_schedules_that_reach_zero_at_their_planned_end(
         assert run_steps(LrVanished(), series) == []
 
 
+def _unmoved_run(samples: Iterable[tuple[int, float, float, float]]) -> list[tuple[int, Finding]]:
+    """Samples of two weights at (step, lr, gradient norm, update ratio); the steps between samples
+    observed too, as the Monitor observes every step."""
+    detector, found, previous = LrVanished(), [], 0
+    for step, lr, grad, ratio in samples:
+        for between in range(previous + 1, step):
+            found += [(between, f) for f in detector.observe_step(between, {"lr": lr})]
+        sample = LayerSample(params(("0.weight", (8, 8), grad, 1.0, ratio),
+                                    ("1.weight", (8, 8), grad, 2.0, ratio), lr=lr))
+        findings = list(detector.observe_step(step, {"lr": lr}))
+        findings += [f for f in detector.observe_layers(step, sample, {"lr": lr}) if f not in findings]
+        found += [(step, f) for f in findings]
+        previous = step
+    return found
+
+
+def test_lr_vanished_names_a_rate_too_small_from_the_start_once_the_samples_see_nothing_move() -> None:
+    typo = [(step, 1e-9, 0.5, 0.0) for step in (*range(1, 11), 20, 30, 40)]
+    found = _unmoved_run(typo)
+    assert found and found[0][0] == 20, "three unmoved samples spanning 10 steps: the one at step 20"
+    finding = found[0][1]
+    assert finding.kind == "lr_vanished" and finding.details["cause"] == "below_resolution"
+    assert set(finding.details["params"]) == {"0.weight", "1.weight"}
+    assert "did not move" in finding.message and "1e-09" in finding.message
+    assert {step for step, _ in found} == set(range(20, 41)), "one episode, held between samples"
+
+
+def test_lr_vanished_leaves_warm_up_convergence_lost_updates_and_decay_tails_to_others() -> None:
+    warm_up = [(step, 1e-10 * step, 0.5, 0.0) for step in range(1, 60)]  # rising: wait for it
+    converged = [(step, 0.1, 0.5 if step < 5 else 1e-8, 0.0) for step in range(1, 60)]  # grads gone
+    lost_on_the_way = [(step, 0.1, 0.5, 0.0) for step in range(1, 60)]  # fp16 weights: update_ratio's
+    decay_tail = [(step, 0.1 if step < 5 else 1e-9, 0.5, 0.0) for step in range(1, 60)]  # the lr rule's
+    moving = [(step, 1e-9, 0.5, 1e-6) for step in range(1, 60)]
+    for samples in (warm_up, converged, lost_on_the_way, decay_tail, moving):
+        assert [f for _, f in _unmoved_run(samples) if f.key == "below_resolution"] == []
+
+
 # -- GPU utilisation -----------------------------------------------------------------------------
 
 

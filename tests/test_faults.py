@@ -152,6 +152,7 @@ def test_detector_events_say_what_was_seen_and_why(suite: Path) -> None:
         "fault_softmax_cross_entropy": ("loss_input_mismatch", "call_site"),
         "fault_constant_labels": ("single_class_labels", "label_counts"),
         "fault_class_sorted_batches": ("class_sorted_batches", "recent_batches"),
+        "fault_lr_below_resolution": ("lr_vanished", "params"),
     }
     for name, (kind, key) in checks.items():
         [recording] = h.recordings_of(name, 1, suite)

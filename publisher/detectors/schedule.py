@@ -1,4 +1,5 @@
-"""The learning rate's course: a rate that decayed away while training goes on.
+"""Learning that stops because the updates do: a rate that decayed away, or one below the weights'
+float resolution, while training goes on.
 
 A scheduler meant to step once an epoch, stepped every batch (``StepLR(step_size=1, gamma=0.9)``
 in the batch loop), takes a rate of 0.1 to 1e-14 within a few hundred steps. From then on every
@@ -14,6 +15,18 @@ one its last 0.01 %, and training then stops. So a rate is called vanished when 
 below ``ratio`` of its peak for ``share`` (3 %) of the steps taken so far, and at least
 ``min_steps`` (50). Warm-up from 0 raises the peak as it goes (never low), and a group whose rate
 was never positive (a frozen group) has no peak.
+
+A rate can also be too small from the start (``lr=1e-9`` typed for ``1e-1``, a rate scaled down
+twice): it never falls from a peak, and the updates are below the weights' resolution all along.
+Per-layer samples measure what the step did (``|dw| / |w|`` from elements copied around
+``optimizer.step()``), so a sample in which most trained parameters did not move (a ratio under
+float32's eps: at most a few elements moved by one unit in the last place) while their gradients
+flow (at least 1e-3 of their largest gradient norm so far: converged training has gradients a
+million times smaller before its updates drop below resolution) and ``lr * |g| / |w|`` is itself
+under resolution (else the update was lost on its way, fp16 weights: ``update_ratio``'s) names it
+too, on ``confirm`` (3) samples in a row spanning at least ``confirm_steps`` (10) steps. A rate
+that rose since the previous sample (warm-up) restarts the count, and one under a tenth of its
+peak is the decay above.
 """
 
 from __future__ import annotations
@@ -22,7 +35,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
+from publisher.detectors.base import Detector, Finding, Metrics, fmt, name_list, where
+from publisher.stats.layer_sample import LayerSample, ParamStat
 
 #: float32's resolution: an update below this share of a weight leaves the weight as it was.
 FLOAT32_EPS = 2.0**-23
@@ -43,10 +57,20 @@ class LrVanished(Detector):
 
     quiet_to_close = 1
 
-    def __init__(self, ratio: float = 1e-4, share: float = 0.03, min_steps: int = 50) -> None:
+    def __init__(self, ratio: float = 1e-4, share: float = 0.03, min_steps: int = 50, confirm: int = 3,
+                 confirm_steps: int = 10) -> None:
         self.ratio = ratio
         self.share = share
         self.min_steps = min_steps
+        self.confirm = confirm
+        self.confirm_steps = confirm_steps
+        self._grad_peaks: dict[str, float] = {}  # each parameter's largest gradient norm sampled
+        self._lr_peaks: dict[str, float] = {}  # each parameter's largest rate sampled
+        self._stuck_since: int | None = None  # the first sample of the current stretch that did not move
+        self._stuck_samples = 0
+        #: The finding of a confirmed stretch, repeated on the steps between samples (the episode
+        #: lasts until a sample sees the weights move, not until the next unsampled step).
+        self._unmoved_finding: Finding | None = None
         self._courses: dict[str, _Course] = {}
         self._names: tuple[str, ...] = ()  # the rates among the metrics, found again when they change
         self._metric_count = -1
@@ -64,7 +88,72 @@ class LrVanished(Detector):
             finding = self._follow(name, course, step, lr)
             if finding is not None:
                 findings.append(finding)
+        if self._unmoved_finding is not None:
+            findings.append(self._unmoved_finding)
         return findings
+
+    def observe_layers(self, step: int, sample: LayerSample, metrics: Metrics) -> Sequence[Finding]:
+        """The updates a sample measured: most parameters not moved at a rate at its peak."""
+        judged: list[ParamStat] = []
+        stuck: list[ParamStat] = []
+        rose = False
+        for p in sample.params:
+            lr, grad, size, ratio = p.lr, p.grad_norm, p.param_norm, p.update_ratio
+            if not lr or lr < 0 or not grad or not size or ratio is None or not math.isfinite(ratio + grad):
+                continue
+            lr_peak = self._lr_peaks.get(p.name, 0.0)
+            rose = rose or (lr_peak > 0 and lr > lr_peak * (1 + 1e-9))
+            self._lr_peaks[p.name] = lr_peak = max(lr_peak, lr)
+            grad_peak = self._grad_peaks[p.name] = max(self._grad_peaks.get(p.name, 0.0), grad)
+            judged.append(p)
+            if (ratio < FLOAT32_EPS and grad >= 1e-3 * grad_peak and lr >= 0.1 * lr_peak
+                    and lr * grad / size < 100 * FLOAT32_EPS):
+                stuck.append(p)
+        if rose or not judged or 2 * len(stuck) < len(judged):
+            self._stuck_since, self._stuck_samples, self._unmoved_finding = None, 0, None
+            return ()
+        if self._stuck_since is None:
+            self._stuck_since = step
+        self._stuck_samples += 1
+        if self._stuck_samples < self.confirm or step - self._stuck_since < self.confirm_steps:
+            return ()
+        self._unmoved_finding = self._unmoved(step, stuck, len(judged))
+        return (self._unmoved_finding,)
+
+    def _unmoved(self, step: int, stuck: list[ParamStat], judged: int) -> Finding:
+        lrs = sorted({p.lr for p in stuck if p.lr})
+        moves = [(p.lr or 0.0) * (p.grad_norm or 0.0) / (p.param_norm or 1.0) for p in stuck]
+        return Finding(
+            "lr_vanished",
+            f"the updates leave the weights unchanged: {len(stuck)} of {judged} trained parameters did not "
+            f"move on {self._stuck_samples} samples since step {self._stuck_since} while their gradients "
+            f"flow; at lr {fmt(lrs[0])}{'' if len(lrs) == 1 else f' to {fmt(lrs[-1])}'} an update is "
+            f"about {fmt(max(moves))} of a weight, below float32's resolution ({fmt(FLOAT32_EPS)}): the "
+            f"learning rate is too small for these weights ({name_list([p.name for p in stuck])}, "
+            f"{where(step, self.rank)})",
+            {
+                "cause": "below_resolution",
+                "params": {p.name: {"lr": p.lr, "grad_norm": p.grad_norm, "param_norm": p.param_norm,
+                                    "update_ratio": p.update_ratio, "lr_times_grad": m}
+                           for p, m in list(zip(stuck, moves, strict=True))[:32]},
+                "unmoved": len(stuck),
+                "judged": judged,
+                "samples": self._stuck_samples,
+                "since_step": self._stuck_since,
+                "lr": lrs[0],
+                "float32_eps": FLOAT32_EPS,
+                "step": step,
+                "rank": self.rank,
+                "likely_causes": [
+                    "a learning rate typed or scaled wrong (1e-9 for 1e-1; divided by the world size or "
+                    "the accumulation steps twice)",
+                    "a rate meant for a loss summed over the batch used with a mean loss (or the reverse)",
+                    "a schedule that starts from a tiny rate and never rises (warm-up length in the wrong "
+                    "unit)",
+                ],
+            },
+            key="below_resolution",
+        )
 
     def _follow(self, name: str, course: _Course, step: int, lr: float) -> Finding | None:
         if not math.isfinite(lr) or lr < 0:
