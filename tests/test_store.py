@@ -51,9 +51,30 @@ def test_gaps_are_counted_per_sender_and_a_restart_is_not_a_gap() -> None:
     assert store.counters().gaps == 3
     assert store.run_view("r").gaps == 3
 
-    restarted = RunBuilder("r", 1)  # same run and rank, new process: seq starts again at 0
+    restarted = RunBuilder("r", 1, t0=rank1.ts + 5)  # same run and rank, new process: seq from 0
     store.deliver(Batch([restarted.run_start(), restarted.metrics(0, loss=2.0)]))
     assert store.counters().gaps == 3
+
+
+def test_a_relays_late_copies_of_a_senders_start_are_applied_without_counting_gaps() -> None:
+    """A node relay that found a rank late forwards its run_start and events after the rank's
+    live messages (old seq, old ts): applied, and the next live message is no jump from them."""
+    store = Store()
+    rank = RunBuilder("r", 3)
+    start = rank.run_start()
+    early = rank.event(3, "3-early", "loss_spike", "warning", "before the relay")
+    live = []
+    for step in range(1, 40):
+        rank.ts += 0.05
+        live.append(rank.metrics(step, loss=1.0 / step))
+    store.deliver(Batch(live[:20]))
+    store.deliver(Batch([start, early, *live[20:]]))
+    assert store.counters().gaps == 0
+    assert [e.id for e in store.events("r")] == ["3-early"]
+    assert store.run_view("r").run_start["config"] == {"lr": 0.01, "batch_size": 32}
+    rank.seq += 2  # two messages lost after all: still counted
+    store.deliver(Batch([rank.metrics(40, loss=0.1)]))
+    assert store.counters().gaps == 2
 
 
 def test_health_goes_stale_without_heartbeats_and_ended_after_run_end() -> None:

@@ -131,6 +131,17 @@ def _stalls(ranks: Iterable[_Rank], now: float) -> dict[int, Stall]:
     return stalls
 
 
+def _late_copy(state: _Rank, message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is a relay's late copy of what its sender said before: numbered and
+    stamped before the last message heard from it. A node relay that found a rank after its start
+    forwards its ``run_start``, events and invariants after the rank's live messages
+    (tuimon/relay/catchup.py); read as a restart, the next live message would count every number
+    in between as lost. A restarted sender numbers from 0 again but stamps later."""
+    if state.last_seq is None or state.last_ts is None:
+        return False
+    return message["seq"] <= state.last_seq and message["ts"] < state.last_ts
+
+
 def _number(value: Any) -> float:
     """A stored value: numbers as floats, absent values as NaN (history arrays stay aligned)."""
     number = read_number(value) if not isinstance(value, bool) else None
@@ -295,22 +306,27 @@ class Store(Sink):
             if handler is not None:
                 handler(self, run, state, message)
             return
+        if not _late_copy(state, message):
+            self._book_keep(run, state, message, live=live)
+        handler = self._HANDLERS.get(message["type"])
+        if handler is not None:  # a type this viewer does not know: the protocol says to ignore it
+            handler(self, run, state, message)
+
+    def _book_keep(self, run: _Run, state: _Rank, message: Mapping[str, Any], *, live: bool) -> None:
+        """The sender's sequence (a jump in a live stream is a loss) and when it was last heard."""
         seq = message["seq"]
         if live and state.last_seq is not None:
             missed = seq - state.last_seq - 1
             if missed > 0:
                 state.gaps += missed
                 self._bump(run, "run")
-            # seq <= last: the sender restarted (a new process under the same run and rank);
-            # counting continues from its new numbers.
+            # seq <= last, sent later: the sender restarted (a new process under the same run and
+            # rank); counting continues from its new numbers.
         if state.last_seq is None or live or seq > state.last_seq:
             state.last_seq = seq
         state.host = message["host"]
         state.last_heard = message["ts"] if self._stamp_with_message_ts else self.clock()
         state.last_ts = message["ts"]
-        handler = self._HANDLERS.get(message["type"])
-        if handler is not None:  # a type this viewer does not know: the protocol says to ignore it
-            handler(self, run, state, message)
 
     def _on_summary(self, run: _Run, message: Mapping[str, Any]) -> None:
         """A node's summary; it also stands for its ranks' heartbeats (which a job viewer receives
