@@ -103,6 +103,14 @@ MALFORMED = {
     "unknown type": valid(type="snapshot_request"),
     "no type": valid(type=DELETE),
     **{f"no {field}": valid(**{field: DELETE}) for field in ("run", "rank", "host", "ts", "seq")},
+    "rank negative": valid(rank=-1),
+    "seq negative": valid(seq=-5),
+    "run name too long": valid(run="r" * 257),
+    "host as number": valid(host=7),
+    "ts negative": valid(ts=-1.0),
+    "ts null": valid(ts=None),
+    "event step null": valid("event", step=None),
+    "event step negative": valid("event", step=-1),
     "rank as string": valid(rank="0"),
     "rank as bool": valid(rank=True),
     "seq as float": valid(seq=3.0),
@@ -136,6 +144,21 @@ def test_the_valid_templates_used_above_do_decode() -> None:
     """Guards the malformed cases: each differs from a valid message by exactly its defect."""
     for msg_type in ("metrics", "gpu", "event", "invariant", "run_end"):
         assert decode(json.dumps(valid(msg_type)).encode())["type"] == msg_type
+
+
+def test_an_envelope_error_names_its_field_and_what_publishers_may_write_passes() -> None:
+    """The envelope is checked in one expression for what publishers write and field by field
+    otherwise: an error still names the field, and a whole-number time or a message without a
+    step (all but metrics) is valid."""
+    for field, value, reason in (("rank", -1, "out of range"), ("seq", True, "invalid field"),
+                                 ("run", "r" * 257, "too large"), ("ts", -0.5, "invalid field"),
+                                 ("step", 2**63, "out of range")):
+        frame = json.dumps(valid(**{field: value})).encode()
+        with pytest.raises(ProtocolError) as raised:
+            decode(frame)
+        assert f"'{field}'" in str(raised.value) and raised.value.reason == reason, (field, raised.value)
+    assert decode(json.dumps(valid(ts=1700000000)).encode())["ts"] == 1700000000
+    assert "step" not in decode(json.dumps(valid("invariant")).encode())
 
 
 def test_read_number_refuses_what_is_not_a_number() -> None:
