@@ -76,6 +76,9 @@ class _Rank:
     watchdog: Mapping[str, Any] = field(default_factory=dict)
     watchdog_heard: float = 0.0
     watchdog_step: int | None = None
+    #: Its series by metric name (the run's ``series`` holds the same by (rank, name)): found by
+    #: the name alone, whose hash a string keeps, for every value of every message.
+    series: dict[str, Series] = field(default_factory=dict)
 
 
 @dataclass
@@ -186,9 +189,10 @@ class Store(Sink):
         self._changes += 1
         return self._changes
 
-    def _bump(self, run: _Run, section: str) -> None:
+    def _bump(self, run: _Run, *sections: str) -> None:
         self._changes += 1
-        run.versions[section] = self._changes
+        for section in sections:
+            run.versions[section] = self._changes
 
     # ----------------------------------------------------------------- writers (source threads)
 
@@ -289,31 +293,32 @@ class Store(Sink):
 
     def _apply(self, message: Mapping[str, Any], *, live: bool) -> None:
         """Book-keep the sender (sequence gaps, last heard), then hand the message to its type's handler."""
-        if message["type"] == "relay":  # a relay's own heartbeat: about the path, not a run
+        msg_type = message["type"]
+        if msg_type == "relay":  # a relay's own heartbeat: about the path, not a run
             if message["run"] in self._relays or len(self._relays) < MAX_RELAYS:
                 self._relays[message["run"]] = message
                 self._source_version = self._next()
             return
-        run = self._run(message["run"])
-        if run is not None and message["type"] == "summary":  # a node's ranks in one message
+        # Known runs and ranks without a call: this runs for every message (issue 24).
+        run = self._runs.get(message["run"]) or self._run(message["run"])
+        if run is not None and msg_type == "summary":  # a node's ranks in one message
             self._on_summary(run, message)
             return
-        state = self._rank(run, message["rank"], message["host"]) if run is not None else None
+        state = (run.ranks.get(message["rank"]) or self._rank(run, message["rank"], message["host"])
+                 if run is not None else None)
         if run is None or state is None:
             return
-        if not numbered_by_sender(message):  # a relay's finding about this rank, not the rank's own
-            handler = self._HANDLERS.get(message["type"])
-            if handler is not None:
-                handler(self, run, state, message)
-            return
-        if not _late_copy(state, message):
+        if numbered_by_sender(message):  # else a relay's finding about this rank, not the rank's own
             self._book_keep(run, state, message, live=live)
-        handler = self._HANDLERS.get(message["type"])
+        handler = self._HANDLERS.get(msg_type)
         if handler is not None:  # a type this viewer does not know: the protocol says to ignore it
             handler(self, run, state, message)
 
     def _book_keep(self, run: _Run, state: _Rank, message: Mapping[str, Any], *, live: bool) -> None:
-        """The sender's sequence (a jump in a live stream is a loss) and when it was last heard."""
+        """The sender's sequence (a jump in a live stream is a loss) and when it was last heard;
+        nothing for a relay's late copy of what it said before (:func:`_late_copy`)."""
+        if _late_copy(state, message):
+            return
         seq = message["seq"]
         if live and state.last_seq is not None:
             missed = seq - state.last_seq - 1
@@ -351,14 +356,14 @@ class Store(Sink):
 
     def _on_metrics(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
         step = message["step"]
+        kept = state.series
         for name, value in message["metrics"].items():
-            series = run.series.get((state.rank, name))
+            series = kept.get(name)
             if series is None:
-                series = self._new_series(run, state.rank, name)
+                series = self._new_series(run, state, name)
                 if series is None:
                     continue
             series.append(step, value if value.__class__ is float else _number(value))  # floats: no call
-        self._bump(run, "metrics")
         sample = message.get("layers")
         if isinstance(sample, dict):
             history = run.layers.get(state.rank)
@@ -369,13 +374,13 @@ class Store(Sink):
         state.step, state.step_ts = step, message["ts"]
         if state.watchdog and (state.watchdog_step is None or step > state.watchdog_step):
             state.watchdog = {}  # steps resumed since the watchdog spoke
-        self._bump(run, "run")
+        self._bump(run, "metrics", "run")
 
     def _watchdog(self, state: _Rank, fields: Mapping[str, Any], heard: float, step: int | None) -> None:
         state.watchdog = {name: fields[name] for name in stall.BEAT_FIELDS if name in fields}
         state.watchdog_heard, state.watchdog_step = heard, step
 
-    def _new_series(self, run: _Run, rank: int, name: str) -> Series | None:
+    def _new_series(self, run: _Run, state: _Rank, name: str) -> Series | None:
         """A series for a metric seen for the first time on this rank, within the store's bounds:
         at most :data:`MAX_METRIC_NAMES` names a run, :data:`MAX_SERIES` series in all, which
         share the points budget (:func:`~tuimon.store.series.share_of_points`)."""
@@ -388,7 +393,9 @@ class Store(Sink):
         if not known:
             run.metric_names.append(name)
             run.known_names.add(name)
-        series = run.series[(rank, name)] = Series(share_of_points(len(self._all_series) + 1))
+        series = run.series[(state.rank, name)] = state.series[name] = Series(
+            share_of_points(len(self._all_series) + 1)
+        )
         self._all_series.append(series)
         if series.capacity < self._all_series[0].capacity:
             for other in self._all_series:  # everyone's share just shrank
