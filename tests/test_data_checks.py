@@ -137,6 +137,25 @@ def test_a_healthy_shuffle_a_validation_loader_and_tiny_datasets_repeat_nothing(
     assert duplicate_findings(epochs(six, 400)) == []
 
 
+def test_a_loader_and_dataset_made_anew_every_epoch_repeat_nothing() -> None:
+    """An unshuffled series whose dataset and DataLoader a script builds again each epoch: the
+    last epoch's objects are freed, and Python hands their ids to the new ones, which must not
+    make the new pass read as the old one continued (its batch 7 'identical to batch 7 of the
+    same pass')."""
+
+    detector, book = DuplicateBatches(), LoaderBook()
+
+    def one_epoch(step: int) -> list[Finding]:  # its dataset and loader are freed on return
+        data = TensorDataset(torch.arange(512 * 8, dtype=torch.float32).reshape(512, 8))
+        loader = DataLoader(data, batch_size=16)
+        passes = book.passes_for(loader)
+        passes.new_pass()
+        return [found for batch in loader
+                for found in detector.observe_batches(step, [p for p in [passes.print_of(batch)] if p])]
+
+    assert [finding for step in range(20) for finding in one_epoch(step)] == []
+
+
 def test_sampling_with_replacement_and_tiny_samples_are_not_duplicates() -> None:
     images = TensorDataset(torch.randn(3, 256))  # three distinct samples oversampled one at a time
     oversampled = DataLoader(images, sampler=WeightedRandomSampler([1.0, 1.0, 8.0], num_samples=30))

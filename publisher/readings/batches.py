@@ -17,6 +17,7 @@ needs to tell a bug from a loader that repeats by design.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -33,6 +34,13 @@ SAMPLE_ELEMENTS = 256
 FIRST_PRINTED = 8
 PRINT_RUN = 8
 PRINT_PERIOD = 128
+
+
+#: A number for each loader followed, unique for the process's life. Not ``id(loader)``: Python
+#: gives a freed object's id to the next one, and a DataLoader made anew every epoch often gets
+#: the last one's, so its first pass read as the last one's continued (each batch "identical to
+#: itself" on an unshuffled series).
+_LOADER_NUMBERS = itertools.count()
 
 
 class BatchPrint(NamedTuple):
@@ -115,7 +123,7 @@ class LoaderPasses:
 
     def __init__(self, loader: Any) -> None:
         """``loader``: a DataLoader, or one of its iterators."""
-        self.loader_id = id(loader)
+        self.loader_id = next(_LOADER_NUMBERS)
         self.workers = int(getattr(loader, "num_workers", None) or getattr(loader, "_num_workers", 0) or 0)
         self.shuffled, self.replacement = loader_shuffles(loader)
         self.epoch = -1
