@@ -57,7 +57,7 @@ RUN = "bench"
 #: The publisher: binds, prints its endpoint, waits for "go", then sends at the target rate for the
 #: given seconds, a heartbeat every second, and prints "sent dropped" at the end.
 PUBLISHER = r"""
-import sys, time, zmq
+import select, sys, time, zmq
 from publisher.wire.protocol import decode, encode, make_message
 rate, seconds, hostile = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "hostile"
 context = zmq.Context()
@@ -125,7 +125,6 @@ heartbeat(step - 1)
 print(sent, dropped, step, flush=True)
 # As a training process does, it goes on beating until it ends: a viewer that lost the last
 # messages from its queue learns of them from the next beat's seq.
-import select
 while not select.select([sys.stdin], [], [], 0.5)[0]:
     heartbeat(step - 1)
 sys.stdin.readline()

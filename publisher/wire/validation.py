@@ -386,7 +386,6 @@ def check_message(message: Mapping[str, Any]) -> None:
     BODY_CHECKS[message["type"]](message)
 
 
-
 def _envelope(message: Mapping[str, Any]) -> None:
     """The envelope's rules one field at a time, for a message the one-expression check did not pass."""
     _string(message, "run", MAX_NAME_CHARS)

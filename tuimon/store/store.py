@@ -76,8 +76,8 @@ class _Rank:
     watchdog: Mapping[str, Any] = field(default_factory=dict)
     watchdog_heard: float = 0.0
     watchdog_step: int | None = None
-    #: Its series by metric name (the run's ``series`` holds the same by (rank, name)): found by
-    #: the name alone, whose hash a string keeps, for every value of every message.
+    #: Its series by metric name (found by the name alone, whose hash a string keeps: no (rank,
+    #: name) tuple built per value of every message).
     series: dict[str, Series] = field(default_factory=dict)
 
 
@@ -98,7 +98,6 @@ class _Run:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     run_start: Mapping[str, Any] | None = None
     started_ts: float | None = None
-    series: dict[tuple[int, str], Series] = field(default_factory=dict)
     metric_names: list[str] = field(default_factory=list)  # in the order they first appeared
     known_names: set[str] = field(default_factory=set)  # the same, for membership tests
     devices: dict[tuple[int, int], _Device] = field(default_factory=dict)
@@ -143,6 +142,12 @@ def _late_copy(state: _Rank, message: Mapping[str, Any]) -> bool:
     if state.last_seq is None or state.last_ts is None:
         return False
     return message["seq"] <= state.last_seq and message["ts"] < state.last_ts
+
+
+def _rank_series(run: _Run, rank: int, name: str) -> Series | None:
+    """Rank ``rank``'s series of metric ``name`` (None: no such rank or metric)."""
+    state = run.ranks.get(rank)
+    return state.series.get(name) if state is not None else None
 
 
 def _number(value: Any) -> float:
@@ -393,9 +398,7 @@ class Store(Sink):
         if not known:
             run.metric_names.append(name)
             run.known_names.add(name)
-        series = run.series[(state.rank, name)] = state.series[name] = Series(
-            share_of_points(len(self._all_series) + 1)
-        )
+        series = state.series[name] = Series(share_of_points(len(self._all_series) + 1))
         self._all_series.append(series)
         if series.capacity < self._all_series[0].capacity:
             for other in self._all_series:  # everyone's share just shrank
@@ -543,7 +546,7 @@ class Store(Sink):
         throughput = None
         primary = min(ranks) if ranks else 0
         for name in THROUGHPUT_METRICS:
-            series = run.series.get((primary, name))
+            series = _rank_series(run, primary, name)
             if series is not None and len(series):
                 throughput = (name, series.values[-1])
                 break
@@ -640,7 +643,7 @@ class Store(Sink):
         state = self._runs.get(run)
         if state is None or not state.ranks:
             return None
-        return state.series.get((min(state.ranks) if rank is None else rank, name))
+        return _rank_series(state, min(state.ranks) if rank is None else rank, name)
 
     def devices(self, run: str) -> list[DeviceView]:
         """GPU devices of every rank, ordered by (rank, index)."""
