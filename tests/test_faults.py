@@ -134,6 +134,7 @@ def test_healthy_run_raises_no_alarm(suite: Path, name: str) -> None:
     for recording in recordings:
         assert recording.metrics(), "the run was watched: its steps are in the recording"
         final = h.final_statuses(recording)
+        assert not [name for name, state in final.items() if state["status"] == "violated"]
         assert final["params_receive_grads"]["status"] == "ok", "the invariants checked something"
 
 
