@@ -8,13 +8,10 @@ TORCH  := torch==2.13.0
 
 .PHONY: demo install test lint bench gpu-check clean
 
-# --no-compile: Python compiles a module when it is first imported, so the install does not spend
-# most of its time (about 50 s of 100 here) compiling the many modules of torch and transformers
-# that nothing imports.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile $(TORCH)
-	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[torch,dev,transformers,lightning,pytorch-lightning]'
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,transformers,lightning,pytorch-lightning]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -39,7 +36,11 @@ lint: $(STAMP)
 # Two processes for most tests (they mostly wait on sockets and subprocesses; one torch thread
 # each, so that two processes do not oversubscribe the cores), then alone the tests that time this
 # machine (the `solo` mark, tests/conftest.py).
+# The project's modules byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (as on this
+# project's machines) every one of the hundreds of Python processes the tests start would compile
+# them again from source, ~0.8 s each here.
 test: lint
+	$(BIN)/python -m compileall -q publisher tuimon tests benchmarks
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not solo"
 	$(BIN)/python -m pytest -m solo
 
