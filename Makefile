@@ -6,12 +6,17 @@ STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch; a loose `torch` would pull a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo install test lint bench gpu-check clean
+.PHONY: demo install test lint style types shared-tests bench gpu-check clean
 
+# Byte-compiled after the install, on every core (pip compiles one module at a time: about half
+# of its 100 s here). The compiled files are needed: where PYTHONDONTWRITEBYTECODE is set (as on
+# this project's machines) Python would otherwise compile torch anew in every process it starts.
+# A few files meant for newer Pythons do not compile, as under pip: not an install failure.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,transformers,lightning,pytorch-lightning]'
+	$(BIN)/pip install -q --no-compile $(TORCH)
+	$(BIN)/pip install -q --no-compile -c constraints.txt -e '.[torch,dev,transformers,lightning,pytorch-lightning]'
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,22 +32,30 @@ install: $(STAMP)
 	@case ":$$PATH:" in *":$(BINDIR):"*) ;; \
 	  *) echo "$(BINDIR) is not on your PATH: add  export PATH=\"$(BINDIR):\$$PATH\"  to ~/.bashrc (or ~/.profile)";; esac
 
-# Static checks first (seconds): style, the import boundaries, the public API's types.
-lint: $(STAMP)
+# Static checks (about a minute): style and the import boundaries (seconds), the types (mypy, the
+# rest).
+lint: style types
+
+style: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+types: $(STAMP)
 	$(BIN)/mypy
 
-# Two processes for most tests (they mostly wait on sockets and subprocesses; one torch thread
-# each, so that two processes do not oversubscribe the cores), then alone the tests that time this
-# machine (the `solo` mark, tests/conftest.py).
-# The project's modules byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (as on this
-# project's machines) every one of the hundreds of Python processes the tests start would compile
-# them again from source, ~0.8 s each here.
-test: lint
+# Style first, then the types beside the tests that may share the machine (mypy takes one core for
+# about a minute, while those tests mostly wait on sockets and subprocesses), then alone the tests
+# that time this machine (the `solo` mark, tests/conftest.py).
+test: style
+	$(MAKE) --no-print-directory -j 2 types shared-tests
+	$(BIN)/python -m pytest -m solo
+
+# Two processes, one torch thread each so that they do not oversubscribe the two cores. The
+# project's modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set every Python
+# process the tests start would compile them again from source (~0.8 s each here).
+shared-tests: $(STAMP)
 	$(BIN)/python -m compileall -q publisher tuimon tests benchmarks
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not solo"
-	$(BIN)/python -m pytest -m solo
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
