@@ -4,14 +4,23 @@ In synchronous data parallelism every rank's step takes the same time: the fast 
 the all-reduce for the slowest one, so step times name no straggler (NVIDIA Resiliency Extension
 and Megatron-LM's straggler detector time sections of the step for this reason). What differs is
 when each rank's *own* work ends: at its last local gradient, after which it only waits for the
-others. A post-accumulate-grad hook on every trained parameter
-(``Tensor.register_post_accumulate_grad_hook``, PyTorch 2.1) learns which parameter's gradient
-closes the backward pass and marks the moment it arrives; ``compute_time`` runs from the start
-of the step's own work to that mark: forward and backward compute (and whatever else the loop
-does before its last gradient), without the exposed communication. Any number of these hooks may
-be registered and DDP's reducer is left alone; a DDP communication hook, by contrast, can be
-registered only once (``DistributedDataParallel.register_comm_hook``), so taking it would break a
-program that registers its own.
+others. ``compute_time`` runs from the start of the step's own work to the end of its backward
+pass: forward and backward compute (and whatever else the loop does before its last gradient),
+without the exposed communication.
+
+The end is marked by a callback the autograd engine runs when the backward pass has accumulated
+every gradient (``Variable._execution_engine.queue_callback``, as DDP's reducer and FSDP finalise
+their reductions). It is queued from a post-accumulate-grad hook
+(``Tensor.register_post_accumulate_grad_hook``, PyTorch 2.1) on two trained parameters only: the
+last one registered (usually the output layer's, whose gradient comes first) and the first one
+(should the last get no gradient). Queued that early, it runs before DDP's own callback, which
+waits for the all-reduce, so the wait is left out. A hook on every parameter would cost a call into
+Python per parameter tensor and per backward, growing with the model (about 3.4 us a tensor on
+this project's 2-core machine: 320 us a step for 98 tensors; issue 23); a hook removed later still
+costs about 1.1 us a tensor, since torch keeps the C++ hook that walks the emptied hook dict.
+Any number of these hooks may be registered and DDP's reducer is left alone; a DDP communication
+hook, by contrast, can be registered only once (``DistributedDataParallel.register_comm_hook``),
+so taking it would break a program that registers its own.
 
 The step's own work starts when its first batch arrives (``Monitor.track_data``, ``tuimon run``'s
 DataLoader hook; the waits for later micro-batches are taken off), else at the end of the
@@ -19,7 +28,9 @@ previous step less the step's data wait.
 
 Marks are taken on the clock of the device that computes. On the CPU, the host clock. On a CUDA
 device the host only queues kernels and races ahead, so a mark is a CUDA event recorded on the
-current stream (``torch.cuda.Event``, as Megatron-LM's timers and NVRx's CUDA sections do): the
+current stream (``torch.cuda.Event``, as Megatron-LM's timers and NVRx's CUDA sections do; in the
+engine's callback that is the stream backward was called on, which the engine has made wait for
+every gradient's stream): the
 interval is the device's own timeline. Events are read only once the device has passed them
 (``Event.query``, never a sync), so the figure a step reports is that of the latest step the
 device has finished, usually the one before. Parameters spread over several devices, or on other
@@ -36,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch.autograd import Variable
 from torch.utils.hooks import RemovableHandle
 
 #: Steps whose device marks may wait to be reached. A host running further ahead of its device
@@ -109,9 +121,8 @@ class ComputeTimer:
         self._choose_marks = choose_marks
         self._marks: Marks | None = None
         self._handles: dict[int, RemovableHandle] = {}
-        #: The parameter whose gradient came last in the previous step, and the latest so far.
-        self._closing: int | None = None
-        self._latest: int | None = None
+        #: Whether this backward pass has queued its end-of-pass callback yet.
+        self._queued = False
         self._start: Any = None
         self._started_by_batch = False
         self._later_waits = 0.0
@@ -121,23 +132,36 @@ class ComputeTimer:
         self._failure: Exception | None = None
 
     def watch(self, params: Sequence[torch.Tensor]) -> None:
-        """Hook ``params`` (the trained parameters, all of them each time: new ones are added)."""
+        """The device's clock and two hooks, from ``params`` (the trained parameters, all of them
+        each time: a later optimizer's may add hooks)."""
         marks = self._choose_marks(params)
         if marks is None:
             self.close()
             return
         self._marks = marks
-        for param in params:
-            if id(param) not in self._handles and param.requires_grad:
-                self._handles[id(param)] = param.register_post_accumulate_grad_hook(self._arrived)
+        trained = [param for param in params if param.requires_grad]
+        for param in trained[-1:] + trained[:1]:
+            if id(param) not in self._handles:
+                self._handles[id(param)] = param.register_post_accumulate_grad_hook(self._reached)
 
-    def _arrived(self, param: torch.Tensor) -> None:
-        self._latest = id(param)
-        if self._latest == self._closing and self._marks is not None:
-            try:
-                self._end = self._marks.mark()  # under gradient accumulation the last micro-batch's wins
-            except Exception as exc:
-                self._failure, self._marks = exc, None
+    def _reached(self, param: torch.Tensor) -> None:
+        """A hooked gradient arrived: mark the end of this backward pass when it ends."""
+        if self._queued or self._marks is None:
+            return
+        try:
+            Variable._execution_engine.queue_callback(self._backward_done)
+            self._queued = True
+        except Exception as exc:
+            self._failure, self._marks = exc, None
+
+    def _backward_done(self) -> None:
+        self._queued = False
+        if self._marks is None:
+            return
+        try:
+            self._end = self._marks.mark()  # under gradient accumulation the last micro-batch's wins
+        except Exception as exc:
+            self._failure, self._marks = exc, None
 
     def batch_arrived(self, waited_s: float) -> None:
         """A batch reached the loop after ``waited_s``: the first of a step starts its own work;
@@ -162,14 +186,11 @@ class ComputeTimer:
         marks = self._marks
         if marks is None:
             return None
-        closed_as_learned = self._latest is not None and self._latest == self._closing
-        if (closed_as_learned and self._start is not None and self._end is not None
-                and len(self._pending) < PENDING_STEPS):
+        if self._start is not None and self._end is not None and len(self._pending) < PENDING_STEPS:
             less = self._later_waits if self._started_by_batch else (data_time or 0.0)
             self._pending.append(_Interval(self._start, self._end, less))
-        if self._latest is not None:
-            self._closing = self._latest  # the order changed, or the first step: learn it
-        self._latest, self._end, self._later_waits = None, None, 0.0
+        # A backward pass that raised never ran its callback: the next one queues its own.
+        self._end, self._later_waits, self._queued = None, 0.0, False
         self._start, self._started_by_batch = marks.mark(), False
         return self._finished(marks)
 
