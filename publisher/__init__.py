@@ -5,8 +5,9 @@ lives in (``from publisher import Monitor, StatsConfig, InvariantConfig``). The 
 each part does:
 
 - ``monitor.py``: the :class:`Monitor` façade, the training thread's side; ``wiring.py`` builds
-  its collaborators; ``reporter.py`` publishes each finished step, event and GPU reading and shows
-  them to the detectors, off the training thread; ``telemetry_errors.py`` counts what failed;
+  its collaborators; ``completion.py`` turns what the training thread captured into the step's
+  metrics and ``reporter.py`` publishes each finished step, event and GPU reading and shows them to
+  the detectors, both off the training thread; ``telemetry_errors.py`` counts what failed;
 - ``wire/``: what crosses the process boundary (protocol, publisher socket, recording, registry);
 - ``readings/``: what the training thread reads: a step's numbers (timing, compute time, memory,
   batch fingerprints, the trained parameters), and once, who the process is;

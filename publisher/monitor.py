@@ -7,12 +7,13 @@
         optimizer.zero_grad()
     mon.close()                               # or: with Monitor(...) as mon: ...
 
-This module is the training thread's side: it reads a few numbers and queues a few device
-operations per step, then hands the finished step (:class:`~publisher.reporter.FinishedStep`) to
-the step worker's thread (:mod:`publisher.threads.step_worker`). Everything it feeds is built in
-:mod:`publisher.wiring`: publishing the step and showing it to the detectors
-(:mod:`publisher.reporter`) run on the step worker's thread, encoding, sending and recording on
-the publisher's, GPU polling on the sampler's. On CUDA the step's numbers reach the host through
+This module is the training thread's side: it reads what cannot wait and queues a few device
+operations per step, then hands the step's readings (:class:`~publisher.readings.step.StepReadings`)
+to the step worker's thread (:mod:`publisher.threads.step_worker`). Everything it feeds is built
+in :mod:`publisher.wiring`: completing the step's metrics (:mod:`publisher.completion`),
+publishing it and showing it to the detectors (:mod:`publisher.reporter`) run on the step
+worker's thread, encoding, sending and recording on the publisher's, GPU polling on the
+sampler's. On CUDA the step's numbers reach the host through
 one asynchronous copy (:mod:`publisher.measure.fetch`): no host-device synchronisation per step.
 Every few steps a per-layer sample (:mod:`publisher.stats.sampler`) rides along; the training
 invariants (:mod:`publisher.invariants`) watch the optimizers through their hooks. Telemetry must
@@ -23,7 +24,6 @@ counted in :attr:`Monitor.telemetry_errors` and logged once).
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import threading
 import time
@@ -42,15 +42,12 @@ from publisher.nonfinite.guard import GuardSettings, NonFiniteGuard
 from publisher.patches import torch_calls
 from publisher.readings.batches import BatchPrint, LoaderBook, LoaderPasses
 from publisher.readings.compute_time import ComputeTimer
-from publisher.readings.cpu_wait import CpuWait
 from publisher.readings.identity import default_rank, default_run_name, default_world_size
 from publisher.readings.memory import DEFAULT_INTERVAL_S, MemoryReader
 from publisher.readings.params import TrainedParams
 from publisher.readings.step import StepReadings
 from publisher.readings.timing import StepTimer
-from publisher.reporter import FinishedStep
 from publisher.stats.grad_norm import BudgetedGradNorm, GradNorms
-from publisher.stats.layer_sample import SampleLayout
 from publisher.stats.sampler import StatsConfig
 from publisher.telemetry_errors import TelemetryErrors
 from publisher.wire.protocol import RUN_END_STATUSES
@@ -134,8 +131,7 @@ class Monitor:
     ) -> None:
         self._params = TrainedParams(model, optimizer)
         # Settings are checked before anything binds a port or starts a thread.
-        self._memory = MemoryReader(memory_interval_s, self._params.device)
-        self._cpu_wait = CpuWait()  # read with memory, on the training thread
+        memory = MemoryReader(memory_interval_s, self._params.device)  # read by the step worker
         self._timer = StepTimer()
         self._compute = ComputeTimer()
         self._compute.watch(self._params.params)
@@ -152,7 +148,8 @@ class Monitor:
         self._step = 0
         self._parts = MonitorParts(
             run=self.run, rank=self.rank, world_size=self.world_size, params=self._params,
-            timer=self._timer, errors=self._errors, current_step=lambda: self._step,
+            timer=self._timer, compute=self._compute, memory=memory, errors=self._errors,
+            current_step=lambda: self._step,
             config=config, seed=seed, endpoint=endpoint, record=record, gpu=gpu, gpu_interval=gpu_interval,
             detectors=detectors,
             stats=StatsConfig() if stats is True else stats or None,
@@ -172,6 +169,8 @@ class Monitor:
         self.gpu_source = self._parts.gpu_source
         self._layers = self._parts.layers
         self._invariants = self._parts.invariants
+        #: The checker's own ``offer_graph`` (one call less on every step), None without invariants.
+        self._offer_graph = self._invariants.checker.offer_graph if self._invariants is not None else None
         self._watchdog = self._parts.watchdog
         self._batch: Any = None  # the latest batch, by reference (a repro bundle holds it)
         #: The step's loss before ``step()`` is called, where a caller knows it (``tuimon run``).
@@ -187,12 +186,16 @@ class Monitor:
         guard = NonFiniteGuard(settings, measure=self._measure_grads, current_step=lambda: self._step,
                                tracker=self._reporter.detectors.tracker,
                                batch=lambda: self._batch, loss=lambda: self.loss_source(),
-                               on_error=self._telemetry_failed)
+                               on_error=self._telemetry_failed, roots=self._model_roots)
         for optimizer in self._params.optimizers:
             guard.watch(optimizer)
         if model is not None:
             guard.capture.attach(model)
         return guard
+
+    def _model_roots(self) -> list[torch.nn.Module]:
+        """The models found so far (given, or discovered by the layer sampler)."""
+        return self._layers.roots if self._layers is not None else []
 
     def _measure_grads(self, force: bool) -> GradNorms | None:
         """The step's gradient norms, as :meth:`step` would measure them (``force``: whatever the budget)."""
@@ -250,50 +253,51 @@ class Monitor:
         step: int | None,
         extra: dict[str, Any],
     ) -> None:
+        """The training thread's half of a step: read what cannot wait, queue the rest raw for the
+        step worker (:mod:`publisher.completion`)."""
         now = time.perf_counter()
         self._watchdog.thread_id = threading.get_ident()  # the thread whose stalls it reports
         step = self._step + 1 if step is None else int(step)
         self._step = step
+        timer = self._timer
+        readings = StepReadings(step, now, timer.stamp(now))
+        readings.tokens, readings.samples = tokens, samples
+        readings.data_time = timer.data_time(data_time)
         layers = self._layers
         sampling = layers is not None and layers.sampling
-        readings = StepReadings()
         if self._batches:
             readings.batches, self._batches = tuple(self._batches), []
-        clips = self._calls.clips_without_gradients
-        if clips:  # clip calls that found no gradient since the last step (ClipNoop judges them)
-            readings.metrics["clip_noop_calls"] = float(self._calls.take_clips_without_gradients())
-        if self._calls.looked:
-            readings.looks = tuple(self._calls.take_looks())
-        if isinstance(loss, torch.Tensor) and loss.numel() != 1:
-            raise ValueError(f"the loss must be one number, got a tensor of shape {tuple(loss.shape)}")
+        calls = self._calls
+        if calls.clips_without_gradients:  # clip calls that found no gradient since the last step
+            readings.metrics["clip_noop_calls"] = float(calls.take_clips_without_gradients())
+        if calls.looked:
+            readings.looks = tuple(calls.take_looks())
         if loss is not None:
+            if isinstance(loss, torch.Tensor):
+                if loss.numel() != 1:
+                    shape = tuple(loss.shape)
+                    raise ValueError(f"the loss must be one number, got a tensor of shape {shape}")
+                if self._offer_graph is not None and loss.grad_fn is not None:
+                    self._offer_graph(loss)
             readings.add("loss", loss)
-            if self._invariants is not None and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
-                self._invariants.offer_graph(loss)
         grads = None if "grad_norm" in extra else self._read_grad_norm(sampling, readings)
         guard = self._guard
-        if guard is not None:
-            self._guard_step_done(guard, readings)
+        if guard is not None and guard.skipped:
+            readings.metrics["nonfinite_skipped"] = float(guard.skipped)
         self._read_lr(readings)
-        self._read_timing(now, tokens, samples, data_time, readings)
+        try:
+            readings.compute = self._compute.take(readings.data_time)
+        except Exception as exc:
+            self._telemetry_failed("compute time", exc)
         if extra:
             self._read_extras(extra, readings)
-        self._send(step, readings, grads, sampling)
+        self._send(readings, grads, sampling)
         if layers is not None:
-            layers.advance(self._timer.clock.seconds)
+            layers.advance(timer.clock.seconds)
         if guard is not None:
-            guard.prepare(self._grad_norm.due_next or (layers is not None and layers.sampling))
+            guard.next_step(self._grad_norm.due_next or (layers is not None and layers.sampling))
         if self._invariants is not None:
             self._invariants.sync(step)
-
-    def _guard_step_done(self, guard: NonFiniteGuard, readings: StepReadings) -> None:
-        """The step is recorded: count skipped updates, find the model's root once discovered."""
-        if guard.skipped:
-            readings.metrics["nonfinite_skipped"] = float(guard.skipped)
-        guard.step_done()
-        if not guard.capture.roots and self._layers is not None:
-            for root in self._layers.roots:
-                guard.capture.attach(root)
 
     def _read_grad_norm(self, sampling: bool, readings: StepReadings) -> GradNorms | None:
         """The gradient norms on a sampled step, else as often as ``grad_norm_budget`` allows
@@ -318,35 +322,15 @@ class Monitor:
         """The primary optimizer's learning rates: ``lr``, then ``lr/1``... for further groups
         (capturable optimizers keep them on the device)."""
         optimizer = self._params.primary
-        if optimizer is not None:
-            for i, group in enumerate(optimizer.param_groups):
-                readings.add(f"lr/{i}" if i else "lr", group["lr"])
-
-    def _read_timing(self, now: float, tokens: int | None, samples: int | None, data_time: float | None,
-                     readings: StepReadings) -> None:
-        """Step time and throughput since the previous step, the data wait, memory when due."""
-        metrics = readings.metrics
-        elapsed = self._timer.tick(now)
-        if elapsed is not None:
-            metrics["step_time"] = elapsed
-            if elapsed > 0:
-                if samples:
-                    metrics["samples_per_s"] = float(samples) / elapsed
-                if tokens:
-                    metrics["tokens_per_s"] = float(tokens) / elapsed
-        data_time = self._timer.data_time(data_time)
-        if data_time is not None:
-            metrics["data_time"] = float(data_time)
-        try:
-            compute_time = self._compute.take(data_time)
-        except Exception as exc:
-            self._telemetry_failed("compute time", exc)
-        else:
-            if compute_time is not None:
-                metrics["compute_time"] = compute_time
-        if self._memory.due(now):
-            metrics.update(self._memory.read(now))
-            metrics.update(self._cpu_wait.read(now))
+        if optimizer is None:
+            return
+        groups = optimizer.param_groups
+        lr = groups[0]["lr"] if groups else None
+        if type(lr) is float and len(groups) == 1:  # the common case, with fewer calls
+            readings.metrics["lr"] = lr
+            return
+        for i, group in enumerate(groups):
+            readings.add(f"lr/{i}" if i else "lr", group["lr"])
 
     def _read_extras(self, extra: dict[str, Any], readings: StepReadings) -> None:
         """The caller's own numbers; one that is not a number, or beyond the protocol's bounds for
@@ -363,63 +347,31 @@ class Monitor:
             except (TypeError, ValueError, RuntimeError) as exc:
                 self._telemetry_failed(f"metric {name!r}", exc)
 
-    def _send(self, step: int, readings: StepReadings, grads: GradNorms | None, sampling: bool) -> None:
-        """Hand the step over: at once when every number is on the host, else through the fetch."""
+    def _send(self, readings: StepReadings, grads: GradNorms | None, sampling: bool) -> None:
+        """Queue the step for the step worker: at once when every number is on the host, else once
+        the fetch has brought them (during a later step, or at close())."""
+        readings.grads = grads
         # Per-parameter gradient norms, then the sample's tensors: read only when needed, on arrival.
         arrays = [grads.norms] if grads is not None else []
-        layout = None
         if sampling:
             assert self._layers is not None
             try:
-                parts, layout = self._layers.collect(grads)
+                parts, readings.layout = self._layers.collect(grads)
                 arrays += parts
             except Exception as exc:
                 self._telemetry_failed("per-layer sample", exc)
         waiting = readings.waiting
         # Arrays live where the parameters do: the first one tells.
         if waiting or self._fetch.queue or (arrays and not arrays[0].is_cpu):
-            names = [name for name, _ in waiting]
-            self._fetch.submit([t for _, t in waiting] + arrays,
-                               partial(self._arrived, step, readings, names, grads, layout))
+            self._fetch.submit([t for _, t in waiting] + arrays, partial(self._arrived, readings))
         else:
-            self._hand_over(step, readings, grads, layout, arrays)
+            readings.values = arrays
+            self._parts.worker.submit(readings)
 
-    def _arrived(
-        self,
-        step: int,
-        readings: StepReadings,
-        names: list[str],
-        grads: GradNorms | None,
-        layout: SampleLayout | None,
-        values: list[torch.Tensor],
-    ) -> None:
-        """A step's device numbers are on the host (a later step, or close()): complete the step."""
-        try:
-            for name, value in zip(names, values, strict=False):
-                readings.metrics[name] = value.item()
-            self._hand_over(step, readings, grads, layout, values[len(names):])
-        except Exception as exc:
-            self._telemetry_failed(f"metrics of step {step}", exc)
-
-    def _hand_over(
-        self,
-        step: int,
-        readings: StepReadings,
-        grads: GradNorms | None,
-        layout: SampleLayout | None,
-        arrays: list[torch.Tensor],
-    ) -> None:
-        """A step's numbers are all on the host: queue it for the worker (training thread)."""
-        metrics = readings.metrics
-        # Per-parameter gradient norms come first when there are any, then the sample's arrays.
-        grad_norms, sample_arrays = (arrays[0], arrays[1:]) if grads is not None else (None, arrays)
-        if layout is None and grads is not None and self._layers is not None and not math.isfinite(
-                metrics["grad_norm"]):
-            # Not a sampled step, but the gradients went bad: say which ones.
-            layout = self._layers.gradient_layout(grads)
-        finished = FinishedStep(step, metrics, grad_norms, layout, sample_arrays, readings.batches,
-                                readings.looks)
-        self._parts.worker.submit(finished)
+    def _arrived(self, readings: StepReadings, values: list[torch.Tensor]) -> None:
+        """A step's device numbers are on the host (a later step, or close()): queue the step."""
+        readings.values = values
+        self._parts.worker.submit(readings)
 
     def offer_graph(self, loss: torch.Tensor) -> None:
         """A loss about to be (or just) backpropagated, its autograd graph attached: on a few
@@ -427,8 +379,8 @@ class Monitor:
         steps, outside the model too (:mod:`publisher.invariants.leaves`). :meth:`step` does this
         for a loss tensor it is given; the zero-code launcher's ``backward`` hook calls it."""
         try:
-            if self._invariants is not None and loss.grad_fn is not None:
-                self._invariants.offer_graph(loss)
+            if self._offer_graph is not None and loss.grad_fn is not None:
+                self._offer_graph(loss)
         except Exception as exc:
             self._telemetry_failed("offer_graph()", exc)
 
@@ -555,14 +507,15 @@ class Monitor:
             return
         self._closed = True
         self._timer.stop()
-        self._compute.close()
         torch_calls.unwatch(self._calls)
         atexit.unregister(self._close_at_exit)
         if self._guard is not None:
             self._guard.close()
-        # The last steps' metrics, still on the device, first: then the parts, in their order.
-        actions: list[Callable[[], None]] = [partial(self._fetch.drain, wait=True)]
-        for action in actions + self._parts.closers(status, error):
+        # The last steps' metrics, still on the device, first: then the parts, in their order (the
+        # step worker's last steps read the compute time's marks: its hooks go last).
+        actions: list[Callable[[], None]] = [partial(self._fetch.drain, wait=True),
+                                             *self._parts.closers(status, error), self._compute.close]
+        for action in actions:
             try:
                 action()
             except Exception as exc:

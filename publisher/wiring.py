@@ -3,7 +3,8 @@
 A Monitor is a thin façade over the training thread's reads (:mod:`publisher.monitor`); what it
 feeds is built here: the publisher (socket, recording, registry), the GPU source and its sampler
 thread, the reporter and its detectors (:mod:`publisher.reporter`, which publishes what the run
-says), the step worker thread, the layer sampler, the invariant checker and the hang watchdog
+says), the step worker thread and what it completes each step with (:mod:`publisher.completion`),
+the layer sampler, the invariant checker and the hang watchdog
 (whose readings ride on the publisher's heartbeats, and whose verdicts become events:
 :mod:`publisher.detectors.stall_events`). Building them is order-sensitive
 (``run_start`` goes out before the invariant checker announces its first statuses, a failed bind
@@ -16,14 +17,18 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from publisher.completion import StepCompletion
 from publisher.detectors import Detector, default_detectors
 from publisher.detectors.stall_events import StallEvents
 from publisher.invariants import InvariantConfig
 from publisher.invariants.link import InvariantLink
+from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.identity import local_rank
+from publisher.readings.memory import MemoryReader
 from publisher.readings.params import TrainedParams
+from publisher.readings.step import StepReadings
 from publisher.readings.timing import StepTimer
-from publisher.reporter import FinishedStep, Reporter
+from publisher.reporter import Reporter
 from publisher.stats.sampler import LayerSampler, StatsConfig
 from publisher.telemetry_errors import TelemetryErrors
 from publisher.threads.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
@@ -46,6 +51,8 @@ class MonitorParts:
         world_size: int,
         params: TrainedParams,
         timer: StepTimer,
+        compute: ComputeTimer,
+        memory: MemoryReader,
         errors: TelemetryErrors,
         current_step: Callable[[], int],
         config: Mapping[str, Any] | None,
@@ -76,13 +83,15 @@ class MonitorParts:
             rank=rank, gpu=self.gpu_source, max_layers=stats.max_published if stats is not None else 0,
             current_step=current_step,
         )
-        self.worker: StepWorker[FinishedStep] = StepWorker(self.reporter.publish_step,
-                                                           self.publisher.count_drop)
+        self._errors = errors
+        self.completion = StepCompletion(timer, compute, memory, lambda: self.watchdog.thread_id)
+        self.worker: StepWorker[StepReadings] = StepWorker(self._finish_step, self.publisher.count_drop)
         self.reporter.announce(run, rank, world_size, params.model, config, seed)
         watched = params.model is not None or bool(params.optimizers)
         self.layers: LayerSampler | None = None
         if stats is not None and watched:
             self.layers = LayerSampler(stats, params.model, params.optimizers, params.current)
+            self.completion.layers = self.layers
         self.invariants: InvariantLink | None = None
         if invariants is not None and watched:
             self.invariants = InvariantLink(
@@ -98,6 +107,15 @@ class MonitorParts:
         self.stalls = StallEvents(self.reporter.detectors.tracker, rank=rank, world_size=world_size,
                                   current_step=current_step)
         self.watchdog.start(self.stalls)
+
+    def _finish_step(self, readings: StepReadings) -> None:
+        """Step worker thread: complete a step the training thread queued, then publish it."""
+        try:
+            finished = self.completion.complete(readings)
+        except Exception as exc:
+            self._errors.failed(f"metrics of step {readings.step}", exc)
+            return
+        self.reporter.publish_step(finished)
 
     def closers(self, status: str, error: str | None) -> list[Callable[[], None]]:
         """What closing does, in order: stop the hang watchdog (closing is no stall), settle the

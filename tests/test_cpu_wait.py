@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from publisher.readings.cpu_wait import SCHEDSTAT, CpuWait
+from publisher.readings.cpu_wait import TASKS, CpuWait
 
-pytestmark = pytest.mark.skipif(not os.path.exists(SCHEDSTAT) or not hasattr(os, "sched_setaffinity"),
+pytestmark = pytest.mark.skipif(not os.path.isdir(TASKS) or not hasattr(os, "sched_setaffinity"),
                                 reason="needs Linux scheduler statistics")
 
 #: A process that keeps one core busy for up to 30 s (killed sooner).
@@ -31,17 +33,20 @@ def busy_for(seconds: float) -> None:
 
 
 def waited_share(others: int) -> float:
-    """The share this thread waited while it and ``others`` busy processes share one core."""
+    """The share this thread waited while it and ``others`` busy processes share one core, read by
+    another thread (as the Monitor's step worker reads the training thread's)."""
     core = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     burners = [subprocess.Popen([sys.executable, "-c", BURN, str(core)]) for _ in range(others)]
     try:
         os.sched_setaffinity(0, {core})
         time.sleep(0.3)  # the burners are up
-        wait = CpuWait()
-        wait.read(time.perf_counter())
-        busy_for(1.0)
-        return wait.read(time.perf_counter())["cpu_wait"]
+        me = threading.get_native_id()
+        wait = CpuWait(lambda: me)
+        with ThreadPoolExecutor(1) as reader:
+            reader.submit(wait.read, time.perf_counter()).result()
+            busy_for(1.0)
+            return reader.submit(wait.read, time.perf_counter()).result()["cpu_wait"]
     finally:
         os.sched_setaffinity(0, before)
         for burner in burners:
@@ -55,5 +60,18 @@ def test_a_thread_alone_on_its_core_hardly_waits_and_one_sharing_it_waits_about_
 
 
 def test_where_the_statistics_are_missing_there_is_no_metric() -> None:
-    wait = CpuWait("/nonexistent/schedstat")
+    wait = CpuWait(tasks="/nonexistent/task")
     assert wait.read(1.0) == {} and wait.read(2.0) == {}
+
+
+def test_a_thread_that_ended_gives_no_reading_and_its_successor_starts_afresh() -> None:
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    me = threading.get_native_id()
+    watched = [ended.native_id]
+    wait = CpuWait(lambda: watched[0])
+    assert wait.read(1.0) == {}
+    watched[0] = me
+    assert wait.read(2.0) == {}, "the first reading of a thread is its baseline"
+    assert 0.0 <= wait.read(3.0)["cpu_wait"] <= 1.0

@@ -75,9 +75,6 @@ class InvariantLink:
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.checker.add_optimizer(optimizer)
 
-    def offer_graph(self, loss: torch.Tensor) -> None:
-        self.checker.offer_graph(loss)
-
     def close(self) -> None:
         self.checker.close()
 

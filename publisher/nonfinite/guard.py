@@ -30,7 +30,7 @@ event says where it came from. Then the policy:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,8 +110,10 @@ class NonFiniteGuard:
         batch: Callable[[], Any],
         loss: Callable[[], float | None],
         on_error: Callable[[str, BaseException], None],
+        roots: Callable[[], Iterable[torch.nn.Module]] = tuple,
     ) -> None:
         self.settings = settings
+        self._roots = roots
         self.capture = StepCapture()
         self.skipped = 0
         #: The gradient norms measured before this step's update (the Monitor reports them).
@@ -143,17 +145,20 @@ class NonFiniteGuard:
         self._handles.clear()
         self.capture.close()
 
-    def step_done(self) -> None:
-        """The Monitor recorded the step: its calls and norms are no longer needed."""
-        self.capture.clear()
+    def next_step(self, norms_due: bool) -> None:
+        """The Monitor recorded the step (one call a step: each costs microseconds there). Its calls
+        and norms are no longer needed; the model's roots, once discovered, are hooked; the next
+        step's model calls are kept only if its gradients will be checked (``skip``/``stop``: every
+        step; ``report``: where the norms are measured, ``norms_due``, and read on the host), so
+        that the other steps' forwards run without a hook."""
+        capture = self.capture
+        capture.clear()
         self.norms = None
         self.measured = False
-
-    def prepare(self, norms_due: bool) -> None:
-        """Before the next step: keep its model calls only if its gradients will be checked
-        (``skip``/``stop``: every step; ``report``: where the norms are measured, ``norms_due``,
-        and read on the host), so that the other steps' forwards run without a hook."""
-        self.capture.arm(self.settings.policy != "report" or (norms_due and self._host_norms))
+        if not capture.roots:
+            for root in self._roots():
+                capture.attach(root)
+        capture.arm(self.settings.policy != "report" or (norms_due and self._host_norms))
 
     # -- the hooks ------------------------------------------------------------------------------
 

@@ -43,8 +43,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.autograd import Variable
@@ -107,15 +106,18 @@ def marks_for(params: Sequence[torch.Tensor]) -> Marks | None:
     return None
 
 
-@dataclass
-class _Interval:
+class Interval(NamedTuple):
+    """One step's own work: from ``start`` to ``end`` on the device's clock, ``less`` the waits
+    for later micro-batches (or the data wait) inside it."""
+
     start: Any
     end: Any
     less: float
 
 
 class ComputeTimer:
-    """Hooks the trained parameters; :meth:`take` once per step gives a compute time."""
+    """Hooks the trained parameters; :meth:`take` once per step on the training thread, then
+    :meth:`reached` with what it gave on the step worker's, gives a compute time."""
 
     def __init__(self, choose_marks: Callable[[Sequence[torch.Tensor]], Marks | None] = marks_for) -> None:
         self._choose_marks = choose_marks
@@ -127,7 +129,8 @@ class ComputeTimer:
         self._started_by_batch = False
         self._later_waits = 0.0
         self._end: Any = None
-        self._pending: deque[_Interval] = deque()
+        #: Intervals the device has not reached yet (the step worker's, as :meth:`reached` is).
+        self._pending: deque[Interval] = deque()
         #: What broke a mark inside a hook (the backward pass must not fail for telemetry).
         self._failure: Exception | None = None
 
@@ -173,10 +176,10 @@ class ComputeTimer:
         else:
             self._start, self._started_by_batch = self._marks.mark(), True
 
-    def take(self, data_time: float | None) -> float | None:
-        """The step ends: the compute time of the latest step the device has finished (this one
-        on the CPU), or None while there is none. Without a batch since the previous step, the
-        step's work is timed from that step's end, less ``data_time``.
+    def take(self, data_time: float | None) -> Interval | None:
+        """The step ends (training thread): its marks, for :meth:`reached` on another thread; None
+        for a step without both. Without a batch since the previous step, the step's work is timed
+        from that step's end, less ``data_time``.
 
         Raises, once, what broke a mark during the backward pass; the hooks are then removed."""
         if self._failure is not None:
@@ -186,23 +189,32 @@ class ComputeTimer:
         marks = self._marks
         if marks is None:
             return None
-        if self._start is not None and self._end is not None and len(self._pending) < PENDING_STEPS:
+        start, end = self._start, self._end
+        interval = None
+        if start is not None and end is not None:
             less = self._later_waits if self._started_by_batch else (data_time or 0.0)
-            self._pending.append(_Interval(self._start, self._end, less))
+            interval = Interval(start, end, less)
         # A backward pass that raised never ran its callback: the next one queues its own.
         self._end, self._later_waits, self._queued = None, 0.0, False
         self._start, self._started_by_batch = marks.mark(), False
-        return self._finished(marks)
+        return interval
 
-    def _finished(self, marks: Marks) -> float | None:
-        """The newest interval the device has passed; those before it are dropped."""
+    def reached(self, interval: Interval | None) -> float | None:
+        """The compute time of the latest step the device has finished (``interval``'s own on the
+        CPU), or None while there is none; called once a step, in step order, by the step worker,
+        so that the arithmetic and the device's event queries stay off the training thread."""
+        marks, pending = self._marks, self._pending
+        if marks is None:
+            return None
+        if interval is not None and len(pending) < PENDING_STEPS:
+            pending.append(interval)
         reached = None
-        while self._pending:
-            interval = self._pending[0]
+        while pending:
+            interval = pending[0]
             seconds = marks.seconds_between(interval.start, interval.end)
             if seconds is None:
                 break
-            self._pending.popleft()
+            pending.popleft()
             if seconds >= 0:
                 reached = max(seconds - interval.less, 0.0)
         return reached

@@ -1,8 +1,12 @@
-"""One step's numbers as the training thread reads them: host numbers now, device ones later.
+"""One step as the training thread captured it: host numbers now, device ones later, the rest raw.
 
 Reading a CUDA scalar (``.item()``) waits for the GPU; so a number on the CPU is read at once
 (free) and one on an accelerator is set aside for the step's single asynchronous copy
-(:mod:`publisher.measure.fetch`).
+(:mod:`publisher.measure.fetch`). What needs no reading at the step (the time since the previous
+one, the compute time's marks, memory) is kept raw and turned into metrics by the step worker
+(:mod:`publisher.completion`): on the training thread, each call and each object touched costs
+microseconds, since the step's kernels have just evicted the monitor's code and data from the
+caches (issue 23's measurements: an empty Python call there takes ~3 us on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -13,21 +17,43 @@ from typing import Any
 import torch
 
 from publisher.readings.batches import BatchPrint
+from publisher.readings.compute_time import Interval
 
 
 class StepReadings:
     """``metrics``: the numbers already on the host; ``waiting``: (name, device scalar) pairs;
     ``batches``: the fingerprints of the batches the step consumed; ``looks``: the looks at its loss
-    calls that reached the host since the previous step."""
+    calls that reached the host since the previous step.
 
-    __slots__ = ("batches", "looks", "metrics", "waiting")
+    Raw, for the step worker: ``step``; ``at``, when it ended (``time.perf_counter``); ``elapsed``,
+    the seconds since the previous step (None for the first); ``tokens``, ``samples`` and
+    ``data_time`` as given or measured; ``compute``, the marks of its own work; ``grads``, the
+    gradient norms where measured (:class:`~publisher.stats.grad_norm.GradNorms`), ``layout`` and
+    ``arrays`` a per-layer sample's; ``values``, the device numbers once on the host, in the order
+    of ``waiting``.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("arrays", "at", "batches", "compute", "data_time", "elapsed", "grads", "layout", "looks",
+                 "metrics", "samples", "step", "tokens", "values", "waiting")
+
+    def __init__(self, step: int, at: float, elapsed: float | None) -> None:
+        self.step = step
+        self.at = at
+        self.elapsed = elapsed
         self.metrics: dict[str, float] = {}
         self.waiting: list[tuple[str, torch.Tensor]] = []
+        self.values: list[torch.Tensor] = []
         self.batches: tuple[BatchPrint, ...] = ()
         # publisher.patches.loss_look.LossLook: a sibling layer, named here only by its type's name.
         self.looks: tuple[Any, ...] = ()
+        self.tokens: int | None = None
+        self.samples: int | None = None
+        self.data_time: float | None = None
+        self.compute: Interval | None = None
+        # publisher.stats (GradNorms, SampleLayout): layers above this one, named by type only.
+        self.grads: Any = None
+        self.layout: Any = None
+        self.arrays: list[torch.Tensor] = []
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         """A number or a one-element tensor: read now if it is on the CPU, else set aside."""

@@ -1,0 +1,92 @@
+"""The step worker's half of a step: what the training thread captured, turned into its metrics.
+
+The training thread records a step in :class:`~publisher.readings.step.StepReadings` and queues
+it; everything that can wait happens here, on the step worker's thread
+(:mod:`publisher.threads.step_worker`), in step order: the step time and throughput, the typical
+step (:class:`~publisher.measure.budget.StepClock`), the compute time (the device's marks read
+here: :mod:`publisher.readings.compute_time`), host and CUDA memory and the training thread's wait
+for a CPU (:mod:`publisher.readings.memory`, :mod:`publisher.readings.cpu_wait`), the device
+numbers that arrived, and which gradients went bad on a step whose norm is not finite. Moved here
+from the training thread for issue 23 ("the cost of watching"): there each read cost several times
+what it costs in a batch here, on warm caches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from publisher.readings.compute_time import ComputeTimer
+from publisher.readings.cpu_wait import CpuWait
+from publisher.readings.memory import MemoryReader
+from publisher.readings.step import StepReadings
+from publisher.readings.timing import StepTimer
+from publisher.reporter import FinishedStep
+from publisher.stats.sampler import LayerSampler
+from publisher.threads.thread_usage import native_id
+
+
+class StepCompletion:
+    """Completes each step the training thread queued (step worker thread, in step order).
+
+    ``training_thread``: the :func:`threading.get_ident` of the thread that calls ``step()`` (the
+    hang watchdog's), whose wait for a CPU is read. ``layers``: the per-layer sampler, once built,
+    which names the gradients of a step whose norm is not finite.
+    """
+
+    def __init__(self, timer: StepTimer, compute: ComputeTimer, memory: MemoryReader,
+                 training_thread: Callable[[], int | None]) -> None:
+        self._timer = timer
+        self._compute = compute
+        self._memory = memory
+        self._training_thread = training_thread
+        self._thread_ident: int | None = None
+        self._thread_native: int | None = None
+        self._cpu_wait = CpuWait(self._training_native_id)
+        self.layers: LayerSampler | None = None
+
+    def complete(self, readings: StepReadings) -> FinishedStep:
+        """The step's metrics, from its readings."""
+        metrics = readings.metrics
+        for (name, _), value in zip(readings.waiting, readings.values, strict=False):
+            metrics[name] = value.item()
+        arrays = readings.values[len(readings.waiting):] if readings.waiting else readings.values
+        self._timing(readings)
+        if self._memory.due(readings.at):
+            metrics.update(self._memory.read(readings.at))
+            metrics.update(self._cpu_wait.read(readings.at))
+        grads, layout = readings.grads, readings.layout
+        # Per-parameter gradient norms come first when there are any, then the sample's arrays.
+        grad_norms, sample_arrays = (arrays[0], arrays[1:]) if grads is not None else (None, arrays)
+        if layout is None and grads is not None and self.layers is not None and not math.isfinite(
+                metrics.get("grad_norm", 0.0)):
+            # Not a sampled step, but the gradients went bad: say which ones.
+            layout = self.layers.gradient_layout(grads)
+        return FinishedStep(readings.step, metrics, grad_norms, layout, sample_arrays, readings.batches,
+                            readings.looks)
+
+    def _timing(self, readings: StepReadings) -> None:
+        """Step time and throughput since the previous step, the data wait, the compute time."""
+        metrics = readings.metrics
+        elapsed = readings.elapsed
+        if elapsed is not None:
+            self._timer.observe(elapsed)
+            metrics["step_time"] = elapsed
+            if elapsed > 0:
+                if readings.samples:
+                    metrics["samples_per_s"] = float(readings.samples) / elapsed
+                if readings.tokens:
+                    metrics["tokens_per_s"] = float(readings.tokens) / elapsed
+        if readings.data_time is not None:
+            metrics["data_time"] = float(readings.data_time)
+        compute_time = self._compute.reached(readings.compute)
+        if compute_time is not None:
+            metrics["compute_time"] = compute_time
+
+    def _training_native_id(self) -> int | None:
+        """The kernel's id of the training thread (looked up again when another thread steps)."""
+        ident = self._training_thread()
+        if ident != self._thread_ident:
+            self._thread_ident = ident
+            self._thread_native = None if ident is None else native_id(ident)
+        return self._thread_native
