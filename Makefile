@@ -46,16 +46,18 @@ types: $(STAMP)
 # Style first, then the types beside the tests that may share the machine (mypy takes one core for
 # about a minute, while those tests mostly wait on sockets and subprocesses), then alone the tests
 # that time this machine (the `solo` mark, tests/conftest.py).
+# Each phase lists its slowest tests, so that a CI log says where the time went.
 test: style
 	$(MAKE) --no-print-directory -j 2 types shared-tests
-	$(BIN)/python -m pytest -m solo
+	$(BIN)/python -m pytest -m solo --durations=15
 
-# Two processes, one torch thread each so that they do not oversubscribe the two cores. The
+# Three processes on two cores, one torch thread each: these tests spend about a third of their time
+# waiting on sockets, subprocesses and the app's timers (465 s against 513 s with two, here). The
 # project's modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set every Python
 # process the tests start would compile them again from source (~0.8 s each here).
 shared-tests: $(STAMP)
 	$(BIN)/python -m compileall -q publisher tuimon tests benchmarks
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not solo"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist loadfile -m "not solo" --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
