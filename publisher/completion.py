@@ -1,14 +1,14 @@
 """The step worker's half of a step: what the training thread captured, turned into its metrics.
 
 The training thread records a step in :class:`~publisher.readings.step.StepReadings` and queues
-it; everything that can wait happens here, on the step worker's thread
-(:mod:`publisher.threads.step_worker`), in step order: the step time and throughput, the typical
-step (:class:`~publisher.measure.budget.StepClock`), the compute time (the device's marks read
-here: :mod:`publisher.readings.compute_time`), host and CUDA memory and the training thread's wait
-for a CPU (:mod:`publisher.readings.memory`, :mod:`publisher.readings.cpu_wait`), the device
-numbers that arrived, and which gradients went bad on a step whose norm is not finite. Moved here
-from the training thread for issue 23 ("the cost of watching"): there each read cost several times
-what it costs in a batch here, on warm caches.
+it; what can wait happens here, on the step worker's thread (:mod:`publisher.threads.step_worker`),
+in step order: throughput, the compute time (the device's marks read here:
+:mod:`publisher.readings.compute_time`), host and CUDA memory and the training thread's wait for a
+CPU (:mod:`publisher.readings.memory`, :mod:`publisher.readings.cpu_wait`), the device numbers that
+arrived, and which gradients went bad on a step whose norm is not finite. Moved here from the
+training thread for issue 23 ("the cost of watching"): there each read cost several times what it
+costs in a batch here, on warm caches. The typical step time stays on the training thread, whose
+cost budgets read it at once.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.cpu_wait import CpuWait
 from publisher.readings.memory import MemoryReader
 from publisher.readings.step import StepReadings
-from publisher.readings.timing import StepTimer
 from publisher.reporter import FinishedStep
 from publisher.stats.sampler import LayerSampler
 from publisher.threads.thread_usage import native_id
@@ -34,9 +33,8 @@ class StepCompletion:
     which names the gradients of a step whose norm is not finite.
     """
 
-    def __init__(self, timer: StepTimer, compute: ComputeTimer, memory: MemoryReader,
+    def __init__(self, compute: ComputeTimer, memory: MemoryReader,
                  training_thread: Callable[[], int | None]) -> None:
-        self._timer = timer
         self._compute = compute
         self._memory = memory
         self._training_thread = training_thread
@@ -70,7 +68,6 @@ class StepCompletion:
         metrics = readings.metrics
         elapsed = readings.elapsed
         if elapsed is not None:
-            self._timer.observe(elapsed)
             metrics["step_time"] = elapsed
             if elapsed > 0:
                 if readings.samples:

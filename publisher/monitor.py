@@ -260,7 +260,7 @@ class Monitor:
         step = self._step + 1 if step is None else int(step)
         self._step = step
         timer = self._timer
-        readings = StepReadings(step, now, timer.stamp(now))
+        readings = StepReadings(step, now, timer.tick(now))  # on this thread: the budgets read the clock
         readings.tokens, readings.samples = tokens, samples
         readings.data_time = timer.data_time(data_time)
         layers = self._layers

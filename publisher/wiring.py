@@ -84,7 +84,7 @@ class MonitorParts:
             current_step=current_step,
         )
         self._errors = errors
-        self.completion = StepCompletion(timer, compute, memory, lambda: self.watchdog.thread_id)
+        self.completion = StepCompletion(compute, memory, lambda: self.watchdog.thread_id)
         self.worker: StepWorker[StepReadings] = StepWorker(self._finish_step, self.publisher.count_drop)
         self.reporter.announce(run, rank, world_size, params.model, config, seed)
         watched = params.model is not None or bool(params.optimizers)

@@ -21,8 +21,7 @@ IDLE_AFTER_S = 2.0
 
 
 class StepTimer:
-    """The training thread's clock: :meth:`tick` once per step (or :meth:`stamp` on the training
-    thread and :meth:`observe` on the step worker's); :attr:`clock` the typical step."""
+    """The training thread's clock: :meth:`tick` once per step; :attr:`clock` the typical step."""
 
     def __init__(self) -> None:
         self.clock = StepClock()
@@ -39,23 +38,14 @@ class StepTimer:
         self._stopped = True
 
     def tick(self, now: float) -> float | None:
-        """A step ended at ``now``: the seconds since the previous one (None for the first), both
-        halves below on one thread."""
-        elapsed = self.stamp(now)
-        if elapsed is not None:
-            self.observe(elapsed)
-        return elapsed
-
-    def stamp(self, now: float) -> float | None:
-        """The training thread's half of :meth:`tick`: the step's end (what the hang watchdog
-        reads) and the seconds since the previous one."""
+        """A step ended at ``now``: the seconds since the previous one (None for the first)."""
         previous, self.last_at = self.last_at, now
-        return None if previous is None else now - previous
-
-    def observe(self, elapsed: float) -> None:
-        """The other half, off the training thread (the step worker): the typical step learns it."""
+        if previous is None:
+            return None
+        elapsed = now - previous
         self.last_time = elapsed
         self.clock.observe(elapsed)
+        return elapsed
 
     def track(self, iterable: Iterable[T]) -> Iterator[T]:
         """Iterate ``iterable``, timing each fetch; :meth:`data_time` hands the last one over."""
