@@ -2,8 +2,8 @@
 
 Reading a CUDA scalar (``.item()``) waits for the GPU; so a number on the CPU is read at once
 (free) and one on an accelerator is set aside for the step's single asynchronous copy
-(:mod:`publisher.measure.fetch`). What needs no reading at the step (the time since the previous
-one, the compute time's marks, memory) is kept raw and turned into metrics by the step worker
+(:mod:`publisher.measure.fetch`). What needs no reading at the step (the throughput, the
+compute time's marks, memory) is kept raw and turned into metrics by the step worker
 (:mod:`publisher.completion`): on the training thread, each call and each object touched costs
 microseconds, since the step's kernels have just evicted the monitor's code and data from the
 caches (issue 23's measurements: an empty Python call there takes ~3 us on a 2-core machine).
