@@ -38,8 +38,6 @@ class StepCompletion:
         self._compute = compute
         self._memory = memory
         self._training_thread = training_thread
-        self._thread_ident: int | None = None
-        self._thread_native: int | None = None
         self._cpu_wait = CpuWait(self._training_native_id)
         self.layers: LayerSampler | None = None
 
@@ -81,9 +79,7 @@ class StepCompletion:
             metrics["compute_time"] = compute_time
 
     def _training_native_id(self) -> int | None:
-        """The kernel's id of the training thread (looked up again when another thread steps)."""
+        """The kernel's id of the training thread, looked up at each reading (a few threads to scan,
+        at most 50 times a second): a thread that replaces an ended one may reuse its ident."""
         ident = self._training_thread()
-        if ident != self._thread_ident:
-            self._thread_ident = ident
-            self._thread_native = None if ident is None else native_id(ident)
-        return self._thread_native
+        return None if ident is None else native_id(ident)

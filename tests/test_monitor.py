@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,39 @@ def test_a_real_loop_is_seen_live_by_a_subscriber(context: zmq.Context, tmp_path
     determinism = {"deterministic_algorithms": False, "cudnn_benchmark": False, "cudnn_deterministic": False}
     assert start["repro"]["determinism"] == determinism
     assert not of_type(live, "event"), "a healthy run raises nothing"
+
+
+def test_memory_and_the_wait_for_a_cpu_are_read_for_whichever_thread_trains(tmp_path: Path) -> None:
+    """The step worker reads them for the training thread, about every 0.1 s; a loop that moves to
+    another thread (a new trainer thread per epoch) keeps getting them."""
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "run.jsonl"
+
+    def train(mon: Monitor, steps: int) -> None:
+        for _ in range(steps):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+            optimizer.zero_grad()
+            time.sleep(0.02)
+
+    with Monitor(model, optimizer, record=record, gpu="none") as mon:
+        for _epoch in range(2):
+            trainer = threading.Thread(target=train, args=(mon, 25))
+            trainer.start()
+            trainer.join()
+    metrics = [m for m in of_type(read_messages(record), "metrics")]
+    waits = {m["step"]: m["metrics"]["cpu_wait"] for m in metrics if "cpu_wait" in m["metrics"]}
+    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        assert waits == {}, "no scheduler statistics here: no metric"
+        return
+    assert all(0.0 <= share <= 1.0 for share in waits.values())
+    # Each epoch lasts 0.5 s or more (25 steps, 20 ms pauses): a reading every 0.1 s, not every step.
+    assert 2 <= sum(step <= 25 for step in waits) <= 12
+    assert 2 <= sum(step > 25 for step in waits) <= 12, "the second trainer thread is read too"
+    assert sum("host_mem_bytes" in m["metrics"] for m in metrics) >= 8
 
 
 def test_the_grad_norm_keeps_within_its_cost_budget(tmp_path: Path) -> None:
