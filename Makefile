@@ -51,13 +51,13 @@ test: style
 	$(MAKE) --no-print-directory -j 2 types shared-tests
 	$(BIN)/python -m pytest -m solo --durations=15
 
-# Three processes on two cores, one torch thread each: these tests spend about a third of their time
-# waiting on sockets, subprocesses and the app's timers (465 s against 513 s with two, here). The
+# Two processes, one torch thread each so that they do not oversubscribe the two cores (three took
+# 30-50 s off but made a relay test miss its 10 s deadline once in five fresh-clone runs). The
 # project's modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set every Python
 # process the tests start would compile them again from source (~0.8 s each here).
 shared-tests: $(STAMP)
 	$(BIN)/python -m compileall -q publisher tuimon tests benchmarks
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist loadfile -m "not solo" --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not solo" --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
