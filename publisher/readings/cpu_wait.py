@@ -41,11 +41,11 @@ class CpuWait:
         :data:`INTERVAL_S` ago or more (empty on the first call, sooner, for an unknown or ended
         thread, and where the statistics do not exist or cannot be read, after which they are not
         tried again)."""
-        tid = self._thread()
-        if tid is None or self._tasks is None:
-            return {}
         last = self._last
-        if last is not None and last[0] == tid and now - last[1] < INTERVAL_S:
+        if self._tasks is None or (last is not None and now - last[1] < INTERVAL_S):
+            return {}  # before naming the thread, which may cost a scan of the process's threads
+        tid = self._thread()
+        if tid is None:
             return {}
         try:
             waited = schedstat(f"{self._tasks}/{tid}/schedstat")[1]
