@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from publisher.detectors import Detector, DetectorSet, Finding, default_detectors
+from publisher.detectors.base import TrainingContext
 from publisher.detectors.episodes import EpisodeTracker
 from publisher.detectors.gpu import GpuEcc, GpuImbalance, GpuLowUtil, GpuThrottle
 from publisher.detectors.grads import (
@@ -23,7 +24,7 @@ from publisher.detectors.grads import (
     UpdateRatio,
     VanishingGradient,
 )
-from publisher.detectors.loss import LossPlateau, LossSpike, NonFiniteLoss
+from publisher.detectors.loss import ChanceLoss, LossPlateau, LossSpike, NonFiniteLoss
 from publisher.detectors.schedule import LrVanished
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
@@ -276,6 +277,35 @@ def test_loss_plateau_fires_on_a_loss_stuck_at_chance_and_says_so() -> None:
     assert finding.kind == "loss_plateau" and finding.resolved_severity() == "warning"
     assert finding.details["chance_level_classes"] == 10 and "log(10)" in finding.message
     assert abs(finding.details["change"]) < 0.02 and finding.details["likely_causes"]
+
+
+def test_chance_loss_names_a_run_at_chance_at_once_and_a_relapse_within_a_few_steps() -> None:
+    """Ten classes: a run that starts at chance is named when its window first fills (settle 10 +
+    window 48); one that learned and then falls back to chance (labels shuffled mid-run) is named
+    once the window is mostly at chance, a few steps later at most than a judgement at every step
+    would; one corrupted batch among learned losses never is."""
+    rng = random.Random(0)
+    chance = math.log(10)
+
+    def detector(judge_every: int = ChanceLoss.JUDGE_EVERY) -> ChanceLoss:
+        found = ChanceLoss()
+        found.context = TrainingContext(classes=10)
+        found.JUDGE_EVERY = judge_every
+        return found
+
+    at_chance = [{"loss": chance * math.exp(rng.gauss(0, 0.01)), "lr": 0.1, "grad_norm": 1.0}
+                 for _ in range(120)]
+    found = run_steps(detector(), at_chance)
+    assert found and found[0][0] == 58 and found[0][1].kind == "chance_loss"
+    assert "chance level" in found[0][1].message
+
+    learned = [{"loss": 0.3 * math.exp(rng.gauss(0, 0.05)), "lr": 0.1, "grad_norm": 1.0} for _ in range(200)]
+    learned[150]["loss"] = 70.0  # one corrupted batch: clipped, it does not lift the window's mean
+    assert run_steps(detector(), learned) == []
+    relapse = run_steps(detector(), learned + at_chance)
+    judged_every_step = run_steps(detector(judge_every=1), learned + at_chance)
+    assert relapse[0][1].kind == "chance_loss" and 24 <= judged_every_step[0][0] - len(learned) <= 48
+    assert 0 <= relapse[0][0] - judged_every_step[0][0] <= 3, "named at most 3 steps later"
 
 
 @pytest.mark.parametrize("seed", range(4))
