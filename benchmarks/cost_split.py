@@ -16,7 +16,9 @@ blocks (ABBA, as overhead.py does), and per monitored step it splits the cost in
   so this is the residual, not a direct reading;
 - per background thread (``worker``: the step worker, which runs the detectors and assembles
   messages; ``sender``: encoding, sending, recording; ``gpu``: the GPU sampler; ``watchdog``), its
-  CPU time per step, read from Linux's per-thread ``schedstat`` (publisher/threads/thread_usage.py).
+  CPU time per step, read from Linux's per-thread ``schedstat`` (publisher/threads/thread_usage.py);
+  the header says what one sleep-and-wake of a thread costs on the machine (:func:`wake_cpu_us`),
+  a floor of those columns where wakes are dear.
 
 Models: ``mlp``, the ~1 ms two-hidden-layer MLP of overhead.py; ``deep``, 48 layers of 64 units
 (many small parameter tensors: what grows with the number of tensors shows here); ``gpt2``, the
@@ -177,6 +179,17 @@ def measure(build: Build, scale: float) -> tuple[str, dict[str, float]]:
             **{f"{role}_us": value for role, value in threads.items()}}
 
 
+def wake_cpu_us(sleeps: int = 25, sleep_s: float = 0.02) -> float:
+    """CPU time one sleep-and-wake of a thread costs on this machine, in µs: the background
+    threads wake every 20-50 ms whatever the step rate, so on a machine where a wake is dear (a
+    sandboxed kernel: ~90 µs here, against a few µs on bare Linux) that is a floor of the
+    ``worker`` and ``sender`` columns, on the other core, not time taken from training."""
+    started = time.thread_time()
+    for _ in range(sleeps):
+        time.sleep(sleep_s)
+    return (time.thread_time() - started) / sleeps * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a third of the rounds")
@@ -188,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step, medians "
-          "(step time, step()), per-step means (hooks, threads); a live viewer subscribed")
+          "(step time, step()), per-step means (hooks, threads); a live viewer subscribed; one "
+          f"sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here")
     columns = ("bare", "with", "ratio", "step()", "hooks", "rest", "worker", "sender", "gpu", "watchdog")
     header = f"{'model':<15}" + "".join(f"{name:>9}" for name in columns)
     print(header)
