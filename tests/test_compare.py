@@ -10,13 +10,17 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from helpers.cli import SCRIPTS, TUIMON
+from helpers.peers import RawPublisher
 from helpers.recordings import of_type, read_messages, write_recording
 from helpers.runs import RunBuilder
 from helpers.waiting import wait_for_screen, wait_until
@@ -24,6 +28,8 @@ from textual_plotext import PlotextPlot
 
 from tuimon.cli import main
 from tuimon.compare.band import KIND, BaselineWatch, load_baseline
+from tuimon.compare.record import RunRecord
+from tuimon.compare.sources import load_run
 from tuimon.sources.replay import ReplaySource
 from tuimon.ui.app import TuimonApp
 from tuimon.ui.dashboard.events import EventLog
@@ -134,6 +140,31 @@ def test_a_live_run_is_compared_by_its_name_in_the_registry(
     commands = {d["name"] for d in report["differences"] if d["section"] == "command"}
     assert commands == {"--steps", "--step-delay"}
     assert report["curves"]["loss"]["compared_steps"] > 0 and report["curves"]["loss"]["parted"] is None
+
+
+def test_a_live_run_heard_from_its_start_is_caught_up_without_a_snapshot(raw_publisher: RawPublisher) -> None:
+    """A diff that starts listening before the run's first message hears everything live and is
+    sent no snapshot: it stops listening once the start is heard, without saying a snapshot is
+    missing (it waited out its whole --listen, then said so, before)."""
+    heard: list[RunRecord] = []
+    accepted = raw_publisher.pub.get_monitor_socket(zmq.EVENT_ACCEPTED)
+    started = time.monotonic()
+    listener = threading.Thread(target=lambda: heard.append(load_run(raw_publisher.endpoint, listen_s=20.0)))
+    listener.start()
+    try:
+        assert accepted.poll(10_000), "the diff did not connect"
+        time.sleep(0.3)  # its subscription reaches the PUB socket
+        raw_publisher.send(raw_publisher.builder.run_start())
+        for step in range(1, 6):
+            raw_publisher.metrics(step, loss=2.0 / step)
+    finally:
+        listener.join(timeout=30)
+        raw_publisher.pub.disable_monitor()
+        accepted.close(linger=0)
+    [record] = heard
+    assert time.monotonic() - started < 10, "listened on after the start was heard"
+    assert record.start is not None and record.last_step == 5
+    assert not any("no snapshot came" in note for note in record.notes), record.notes
 
 
 def test_a_run_that_cannot_be_read_is_an_error_that_names_it(

@@ -4,7 +4,9 @@ A target is read as, in this order: a recording file; a recording prefix as ``tu
 PREFIX`` writes them (``PREFIX.rank*.jsonl``, every rank's file); a publisher address as ``tuimon
 watch`` takes it (``tcp://HOST:PORT``, ``HOST:PORT``, ``PORT``, ``ipc://PATH``); else the name of a
 run in this node's run registry. A live run is listened to as ``tuimon tail`` does (its snapshot
-first: its start, metric history and events) until its snapshot has arrived, or for ``listen_s``.
+first: its start, metric history and events) until it has caught up, its snapshot arrived or its
+start heard live (a listener that connects before the run's first message is sent no snapshot:
+it misses nothing), or for ``listen_s``.
 Anything that goes wrong is a :class:`~tuimon.errors.UserError` naming the target and the problem.
 """
 
@@ -27,8 +29,8 @@ if TYPE_CHECKING:
 #: Seconds a live run is listened to at most (its first heartbeat, then its snapshot, come within
 #: about three).
 LISTEN_S = 6.0
-#: Seconds to keep listening once a snapshot has arrived (other ranks' snapshots, live messages).
-AFTER_SNAPSHOT_S = 0.5
+#: Seconds to keep listening once caught up (other ranks' snapshots, live messages).
+AFTER_CAUGHT_UP_S = 0.5
 
 
 def recording_files(target: str) -> list[Path] | None:
@@ -69,17 +71,19 @@ def _from_recordings(files: list[Path], target: str, run: str | None) -> RunReco
 
 
 class _Listening(RunCollector):
-    """A collector that says when a snapshot, or any message at all, has arrived."""
+    """A collector that says when it caught up with the run: a snapshot arrived, or the run's start
+    (``run_start``, ``seq`` 0) was heard live."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.snapshot_at: float | None = None
+        self.caught_up_at: float | None = None
         self.notices: list[str] = []
 
     def deliver(self, batch: Batch) -> None:
         super().deliver(batch)
-        if batch.snapshot is not None and self.snapshot_at is None:
-            self.snapshot_at = time.monotonic()
+        if self.caught_up_at is None and (batch.snapshot is not None or any(
+                message["type"] == "run_start" and message.get("seq") == 0 for message in batch.live)):
+            self.caught_up_at = time.monotonic()
 
     def tell(self, news: News) -> None:
         if isinstance(news, Notice) and news.text is not None and news.text not in self.notices:
@@ -119,7 +123,7 @@ def _from_live(
     thread.start()
     try:
         while time.monotonic() < deadline and thread.is_alive():
-            if sink.snapshot_at is not None and time.monotonic() - sink.snapshot_at >= AFTER_SNAPSHOT_S:
+            if sink.caught_up_at is not None and time.monotonic() - sink.caught_up_at >= AFTER_CAUGHT_UP_S:
                 break
             time.sleep(0.05)
     finally:
@@ -135,7 +139,7 @@ def _from_live(
         raise UserError(
             f"no recording named {target}, and no live run heard at {looked} in {listen_s:g} s{said}"
         ) from None
-    if sink.snapshot_at is None:
+    if sink.caught_up_at is None:
         note = "no snapshot came: only what the run sent while listened to"
         record = replace(record, notes=(*record.notes, note))
     return record
