@@ -68,8 +68,12 @@ _ENDPOINT_EXAMPLES = (
     "tcp://127.0.0.1:* (any free port, this machine only) or tcp://0.0.0.0:5555 (all interfaces)"
 )
 
-#: Longest sleep of the idle sender: bounds the delay of a message, of a heartbeat and of close().
-_IDLE_POLL_MS = 20
+#: Longest sleep of the idle sender: bounds the delay of a message and of a snapshot reply (a
+#: heartbeat is never late: the sleep ends at its time; close() wakes it at once). The Monitor's
+#: step worker hands over its messages every 50 ms: waking more often finds nothing new, and a
+#: wake is not free (90-210 µs of CPU a sleep in the sandboxed kernel of the machine measured,
+#: benchmarks/cost_split.py).
+_IDLE_S = 0.05
 #: Messages sent between two looks at the snapshot socket, so a burst cannot starve late joiners.
 _BATCH = 1_000
 #: How long closing may wait to deliver the last messages (run_end) to viewers that are reading.
@@ -334,20 +338,20 @@ class Publisher:
 
     def _send_until_stopped(self) -> None:
         """Send what is queued, serve snapshots on their schedule, beat; after close(), drain until
-        empty or timeout."""
+        empty or timeout. Sleeps on the stop event only (close() ends the sleep at once); the
+        snapshot socket is looked at without waiting, when its schedule allows."""
         queue = self._queue
         now = time.monotonic()
         next_heartbeat = now + self._heartbeat_s
         next_serve = now
-        timeout_ms = 0
+        timeout_s = 0.0
         while True:
-            if now >= next_serve:
-                # Wakes early for a request; under a flood it returns at once, but the socket is
-                # not looked at again before next_serve, so the loop cannot spin on it.
-                request_waiting = bool(self._router.poll(timeout_ms, zmq.POLLIN))
-            else:
-                request_waiting = False
-                self._stop.wait(min(timeout_ms / 1000, next_serve - now))
+            if timeout_s:
+                self._stop.wait(timeout_s)
+                now = time.monotonic()
+            # Under a flood of requests the socket is not looked at again before next_serve, so
+            # the loop cannot spin on it.
+            request_waiting = now >= next_serve and bool(self._router.poll(0, zmq.POLLIN))
             # Send what was queued before serving a snapshot, so the snapshot includes it.
             for _ in range(min(len(queue), _BATCH)):
                 self._emit(*queue.popleft())
@@ -365,7 +369,7 @@ class Publisher:
                     self._recorder.flush_if_due()
                 except OSError as exc:
                     self._recording_failed(self._recorder, exc)
-            timeout_ms = 0 if queue else min(_IDLE_POLL_MS, max(0, int((next_heartbeat - now) * 1000)))
+            timeout_s = 0.0 if queue else min(_IDLE_S, max(0.0, next_heartbeat - now))
 
     def _emit(self, msg_type: str, step: int | None, ts: float, body: dict[str, Any]) -> bool:
         """Number, encode once, send, record and remember one message; False if it could not be
