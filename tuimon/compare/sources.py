@@ -72,7 +72,8 @@ def _from_recordings(files: list[Path], target: str, run: str | None) -> RunReco
 
 class _Listening(RunCollector):
     """A collector that says when it caught up with the run: a snapshot arrived, or the run's start
-    (``run_start``, ``seq`` 0) was heard live."""
+    (``run_start``, ``seq`` 0) was heard live on a whole stream (through a relay a ``run_start``
+    may be a late copy, sent after the rank's later messages, and the snapshot is still to come)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,13 +82,18 @@ class _Listening(RunCollector):
 
     def deliver(self, batch: Batch) -> None:
         super().deliver(batch)
-        if self.caught_up_at is None and (batch.snapshot is not None or any(
-                message["type"] == "run_start" and message.get("seq") == 0 for message in batch.live)):
+        if self.caught_up_at is None and (batch.snapshot is not None or _start_heard(batch)):
             self.caught_up_at = time.monotonic()
 
     def tell(self, news: News) -> None:
         if isinstance(news, Notice) and news.text is not None and news.text not in self.notices:
             self.notices.append(news.text)
+
+
+def _start_heard(batch: Batch) -> bool:
+    """Whether ``batch`` heard a run's first message live, on a stream that reaches us whole."""
+    return batch.complete and any(
+        message["type"] == "run_start" and message.get("seq") == 0 for message in batch.live)
 
 
 def _from_live(
