@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from helpers.keys import paste
 from helpers.peers import RawPublisher
 from helpers.recordings import write_recording
 from helpers.runs import RunBuilder, synthetic_run
@@ -295,7 +296,7 @@ async def test_the_palette_screenshot_lands_in_the_working_folder(
     async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
         await played_to_end(app, pilot)
         await pilot.press("ctrl+p")
-        await pilot.press(*"screenshot")
+        await paste(pilot, "screenshot")
         await pilot.pause(0.3)
         await pilot.press("enter")
         await wait_for_screen(pilot, lambda: list(tmp_path.glob("*.svg")), what="the screenshot")
@@ -401,12 +402,12 @@ async def test_command_palette_switches_theme_and_chart(recording: Path) -> None
     async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
         await played_to_end(app, pilot)
         await pilot.press("ctrl+p")
-        await pilot.press(*"theme tuimon-contrast")
+        await paste(pilot, "theme tuimon-contrast")
         await pilot.pause(0.5)
         await pilot.press("enter")
         await wait_for_screen(pilot, lambda: app.theme == "tuimon-contrast", what="the contrast theme")
         await pilot.press("ctrl+p")
-        await pilot.press(*"chart grad_norm")
+        await paste(pilot, "chart grad_norm")
         await pilot.pause(0.5)
         await pilot.press("enter")
         await wait_for_screen(

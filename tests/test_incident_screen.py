@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from helpers.keys import paste
 from helpers.recordings import write_recording
 from helpers.runs import synthetic_run
 from helpers.waiting import wait_for_screen
@@ -210,17 +211,25 @@ async def test_notes_tried_entries_and_results_from_the_keyboard(
     async with dashboard(recording, kb_dir) as (app, pilot):
         await open_screen(app, pilot)
         await open_incident(app, pilot)
+        # Typed: the letters reach the field, not the incident screen's keys (a, n, r, t...).
         await pilot.press("a", *"grad-norm jumped from 0.3 to 900", "enter")
         await wait_for_screen(pilot, lambda: "note grad-norm jumped" in text(app, "#kb-timeline-text"))
 
         await pilot.press("t")
         assert isinstance(app.screen, TriedDialog)
         assert app.screen.query_one("#tried-step").value == "299"  # the run's step now: a default
-        await pilot.press(*"raised Adam eps to 1e-6", "tab", "up", "tab", *"130", "enter")
+        await paste(pilot, "raised Adam eps to 1e-6")
+        await pilot.press("tab", "up", "tab")
+        await paste(pilot, "130")
+        await pilot.press("enter")
         await wait_for_screen(pilot, lambda: "made it worse" in text(app, "#kb-timeline-text"))
-        await pilot.press("t", *"lowered the learning rate", "tab", "up", "up", "up", "enter")
+        await pilot.press("t")
+        await paste(pilot, "lowered the learning rate")
+        await pilot.press("tab", "up", "up", "up", "enter")
         await wait_for_screen(pilot, lambda: "helped" in text(app, "#kb-timeline-text"))
-        await pilot.press("r", *"loss back to 2.1 after 300 steps", "enter")
+        await pilot.press("r")
+        await paste(pilot, "loss back to 2.1 after 300 steps")
+        await pilot.press("enter")
         await wait_for_screen(pilot, lambda: "result loss back" in text(app, "#kb-timeline-text"))
 
         entries = [(e.type, e.text, e.outcome, e.step, e.author) for e in kb.timeline(1) if e.type != "event"]
@@ -246,7 +255,9 @@ async def test_status_changes_and_the_list_filters_by_status(
     async with dashboard(recording, kb_dir) as (app, pilot):
         await open_screen(app, pilot)
         await open_incident(app, pilot)
-        await pilot.press("s", "down", "tab", *"looking at the data shard", "enter")
+        await pilot.press("s", "down", "tab")
+        await paste(pilot, "looking at the data shard")
+        await pilot.press("enter")
         await wait_for_screen(pilot, lambda: "INVESTIGATING" in text(app, "#kb-incident"), what="new status")
         assert kb.get(2).status == "investigating"
         change = next(e for e in kb.timeline(2) if e.type == "status_change")
@@ -262,7 +273,9 @@ async def test_status_changes_and_the_list_filters_by_status(
         assert "status open|investigating|mitigated" in str(
             app.screen.query_one(IncidentList).border_subtitle
         )
-        await pilot.press("f", "end", "tab", *"gpu_throttle", "enter")  # resolved, of kind gpu_throttle
+        await pilot.press("f", "end", "tab")  # resolved, then the kind
+        await paste(pilot, "gpu_throttle")
+        await pilot.press("enter")
         await wait_for_screen(pilot, lambda: "#1" in "".join(list_rows(app)), what="the resolved one")
         assert len(list_rows(app)) == 1 and "throttling" in list_rows(app)[0]
 
@@ -276,7 +289,8 @@ async def test_search_handles_punctuation_and_phrases_with_highlighted_snippets(
     kb.add_note(other.number, "the loss was fine; a spike in step time came from the data loader")
     async with dashboard(recording, kb_dir) as (app, pilot):
         await open_screen(app, pilot)
-        await pilot.press("slash", *"grad-norm")
+        await pilot.press("slash")
+        await paste(pilot, "grad-norm")
         await wait_for_screen(
             pilot, lambda: "Search: grad-norm (1 hit)" in str(app.screen.query_one(IncidentList).border_title)
         )
@@ -287,7 +301,8 @@ async def test_search_handles_punctuation_and_phrases_with_highlighted_snippets(
 
         await pilot.press("escape")  # clears the search: the whole list again
         await wait_for_screen(pilot, lambda: len(list_rows(app)) == 2, what="the list back")
-        await pilot.press("slash", *'"loss spike"')
+        await pilot.press("slash")
+        await paste(pilot, '"loss spike"')
         await wait_for_screen(
             pilot, lambda: "(1 hit)" in str(app.screen.query_one(IncidentList).border_title)
         )
@@ -296,11 +311,13 @@ async def test_search_handles_punctuation_and_phrases_with_highlighted_snippets(
         await pilot.press("enter")  # to the hits; the detail shows the incident found
         await wait_for_screen(pilot, lambda: "Loss spike after warm-up" in text(app, "#kb-incident"))
 
-        await pilot.press("escape", "slash", *"loss spike")  # both words anywhere: both incidents
+        await pilot.press("escape", "slash")
+        await paste(pilot, "loss spike")  # both words anywhere: both incidents
         await wait_for_screen(
             pilot, lambda: "(2 hits)" in str(app.screen.query_one(IncidentList).border_title)
         )
-        await pilot.press("escape", "slash", *'"unbalanced')  # half-typed quotes are not an error
+        await pilot.press("escape", "slash")
+        await paste(pilot, '"unbalanced')  # half-typed quotes are not an error
         await wait_for_screen(
             pilot, lambda: "(0 hits)" in str(app.screen.query_one(IncidentList).border_title)
         )
@@ -312,13 +329,17 @@ async def test_postmortem_fields_are_edited_and_searchable(
     async with dashboard(recording, kb_dir) as (app, pilot):
         await open_screen(app, pilot)
         await open_incident(app, pilot)
-        await pilot.press("p", "tab", *"lr, warmup", "tab", "tab", "tab", "tab")
-        await pilot.press(*"warm-up too short for batch 4096", "ctrl+s")
+        await pilot.press("p", "tab")
+        await paste(pilot, "lr, warmup")
+        await pilot.press("tab", "tab", "tab", "tab")
+        await paste(pilot, "warm-up too short for batch 4096")
+        await pilot.press("ctrl+s")
         await wait_for_screen(pilot, lambda: "Root cause: warm-up too short" in text(app, "#kb-incident"))
         incident = kb.get(1)
         assert incident.root_cause == "warm-up too short for batch 4096" and incident.tags == ("lr", "warmup")
         assert incident.summary == ""  # untouched fields stay as they were
-        await pilot.press("slash", *"batch 4096")
+        await pilot.press("slash")
+        await paste(pilot, "batch 4096")
         await wait_for_screen(pilot, lambda: "root cause: warm-up too short" in "".join(list_rows(app)))
 
 
@@ -453,7 +474,8 @@ async def test_two_dashboards_on_one_knowledge_base_see_each_others_notes_live(
         await wait_for_screen(bob_pilot, lambda: len(list_rows(bob)) == 1, SHARED_WITHIN_S, "bob's list")
         await wait_for_screen(bob_pilot, lambda: "Recorded in #1" in text(bob, "#kb-banner"), SHARED_WITHIN_S)
 
-        await alice_pilot.press("a", *"alice: grad-norm was flat, suspect the batch")
+        await alice_pilot.press("a")
+        await paste(alice_pilot, "alice: grad-norm was flat, suspect the batch")
         pressed = time.monotonic()
         await alice_pilot.press("enter")
         await wait_for_screen(
@@ -464,7 +486,9 @@ async def test_two_dashboards_on_one_knowledge_base_see_each_others_notes_live(
         )
         print(f"alice's note on bob's screen after {time.monotonic() - pressed:.2f} s")
 
-        await bob_pilot.press("t", *"skipped the batch", "tab", "up", "up", "up", "enter")
+        await bob_pilot.press("t")
+        await paste(bob_pilot, "skipped the batch")
+        await bob_pilot.press("tab", "up", "up", "up", "enter")
         await wait_for_screen(
             alice_pilot,
             lambda: "skipped the batch" in text(alice, "#kb-timeline-text"),
@@ -495,9 +519,13 @@ async def test_blank_incidents_when_no_event_is_selected(
             pilot, lambda: "no incidents yet" in str(app.screen.query_one(IncidentList).options[0].prompt)
         )
         assert "No event selected" in text(app, "#kb-banner")
-        await pilot.press("n", *"NCCL timeouts on node7", "enter")
+        await pilot.press("n")
+        await paste(pilot, "NCCL timeouts on node7")
+        await pilot.press("enter")
         await wait_for_screen(pilot, lambda: len(list_rows(app)) == 1, what="the blank incident")
-        await pilot.press("N", *"second one", "enter")
+        await pilot.press("N")
+        await paste(pilot, "second one")
+        await pilot.press("enter")
         await wait_for_screen(pilot, lambda: len(list_rows(app)) == 2, what="another blank incident")
         assert [i.title for i in kb.list_incidents()] == ["second one", "NCCL timeouts on node7"]
         assert kb.get(1).kinds == () and kb.timeline(1) == [] and kb.context(1) == []
@@ -521,8 +549,10 @@ async def test_the_screen_stays_usable_while_another_writer_holds_the_lock(
         blocker = sqlite3.connect(kb.location.db_path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # holds the write lock
         try:
-            await pilot.press("a", *"written while locked", "enter")
-            await pilot.press("slash", *"spiking")
+            await pilot.press("a")
+            await paste(pilot, "written while locked")
+            await pilot.press("enter", "slash")
+            await paste(pilot, "spiking")
             await wait_for_screen(
                 pilot, lambda: "(1 hit)" in str(app.screen.query_one(IncidentList).border_title)
             )
