@@ -13,11 +13,11 @@ from helpers.keys import paste
 from helpers.peers import RawPublisher
 from helpers.recordings import write_recording
 from helpers.runs import RunBuilder, synthetic_run
+from helpers.screens import statics_text
 from helpers.waiting import wait_for_screen
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widget import Widget
-from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from tuimon.sources.live import LiveSource
@@ -321,7 +321,7 @@ async def test_help_screen_lists_every_footer_key(recording: Path) -> None:
         shown = [b.binding for b in app.screen.active_bindings.values() if b.binding.show]
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        help_text = "\n".join(str(static.visual) for static in app.screen.query(Static))
+        help_text = statics_text(app.screen)
         for binding in shown:
             assert app.get_key_display(binding) in help_text
         assert "Replay only" in help_text and "✖ VIOLATED" in help_text

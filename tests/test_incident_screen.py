@@ -15,9 +15,9 @@ import pytest
 from helpers.keys import paste
 from helpers.recordings import write_recording
 from helpers.runs import synthetic_run
+from helpers.screens import statics_text
 from helpers.waiting import wait_for_screen
 from textual.pilot import Pilot
-from textual.widgets import Static
 
 from tuimon.kb import IncidentDraft, KnowledgeBase
 from tuimon.sources.replay import ReplaySource
@@ -66,8 +66,8 @@ def text(app: TuimonApp, selector: str) -> str:
 
 
 def help_text(app: TuimonApp) -> str:
-    """Everything the help screen on top lists (keys and what they do, one text per column)."""
-    return "\n".join(str(static.visual) for static in app.screen.query(Static))
+    """Everything the help screen on top lists (keys and what they do)."""
+    return statics_text(app.screen)
 
 
 def list_rows(app: TuimonApp) -> list[str]:

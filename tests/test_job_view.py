@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from helpers.jobs import JOB_RUN, big_job, job_batches, job_end_ts, job_event, job_store
 from helpers.runs import T0, decoded
+from helpers.screens import statics_text
 from helpers.sources import FedSource
 from helpers.waiting import wait_for_screen
 from textual.pilot import Pilot
-from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from publisher.wire.protocol import make_message, wire_numbers
@@ -190,7 +190,7 @@ async def test_escape_and_j_go_back_and_the_job_view_opens_by_itself_only_once()
         await pilot.press("j")
         await wait_for_screen(pilot, lambda: app.screen is app.dashboard, what="j: the dashboard")
         await pilot.press("question_mark")
-        help_text = "\n".join(str(static.visual) for static in app.screen.query(Static))
+        help_text = statics_text(app.screen)
         assert isinstance(app.screen, HelpScreen) and "Job view" in help_text and "▲ ❚ ✖" in help_text
 
 
