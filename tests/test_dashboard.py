@@ -15,9 +15,13 @@ from helpers.recordings import write_recording
 from helpers.runs import RunBuilder, synthetic_run
 from helpers.screens import statics_text
 from helpers.waiting import wait_for_screen
+from rich.color import Color as RichColor
+from rich.style import Style
+from rich.table import Table
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widget import Widget
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from tuimon.sources.live import LiveSource
@@ -325,8 +329,30 @@ async def test_help_screen_lists_every_footer_key(recording: Path) -> None:
         for binding in shown:
             assert app.get_key_display(binding) in help_text
         assert "Replay only" in help_text and "✖ VIOLATED" in help_text
+        dark = accent(app)
+        assert key_colours(app) == {dark}
+        app.theme = "tuimon-light"  # from the command palette, the help still open
+        await wait_for_screen(pilot, lambda: accent(app) != dark, what="the light theme's accent")
+        await wait_for_screen(pilot, lambda: key_colours(app) == {accent(app)}, what="keys in the new accent")
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+def key_colours(app: TuimonApp) -> set[tuple[int, int, int]]:
+    """The colours the help draws its keys in (each section's first column)."""
+    colours = set()
+    for static in app.screen.query(".help-entries").results(Static):
+        table = static.content
+        assert isinstance(table, Table)
+        colour = table.columns[0].style
+        assert isinstance(colour, Style) and colour.color is not None
+        colours.add(tuple(colour.color.get_truecolor()))
+    return colours
+
+
+def accent(app: TuimonApp) -> tuple[int, int, int]:
+    """The accent the app's CSS draws with now (it follows a theme change at the next refresh)."""
+    return tuple(RichColor.parse(app.theme_variables["accent"]).get_truecolor())
 
 
 async def test_every_footer_key_does_something(recording: Path) -> None:

@@ -82,6 +82,12 @@ class HelpScreen(Dialog[None]):
         super().__init__()
         self._sections = sections
 
+    def on_mount(self) -> None:
+        super().on_mount()
+        # A table's colours are fixed when it is built: a theme chosen from the command palette
+        # while the help is open draws it anew.
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.refresh(recompose=True))
+
     def content(self) -> ComposeResult:
         yield Static("tuimon keys", classes="help-title", markup=False)
         # Keys in the theme's accent, as the footer shows them (a table cell takes no CSS class).
