@@ -4,8 +4,8 @@ stale, plus what the panels and symbols mean.
 Keys and symbols sit in two columns; a description too long for the terminal wraps inside its
 own column, so the keys stay readable down the left at 80 columns as at 160. Each section is one
 Rich table (``Table.grid``) in one widget: as a Textual grid of two widgets per entry (156 in
-all) the help took about a second of CPU to open on a two-core machine, styling and arranging
-each widget; as tables, about half that, most of it the dimmed dashboard behind.
+all) the help took 0.7-1 s to open on a two-core machine, styling and arranging each widget; as
+tables about 0.5 s, half of it the dimmed dashboard behind.
 """
 
 from __future__ import annotations
