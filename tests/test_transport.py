@@ -22,7 +22,7 @@ from helpers.waiting import wait_until
 from publisher.wire.history import SnapshotHistory
 from publisher.wire.protocol import SNAPSHOT_REQUEST, decode, encode, make_message
 from publisher.wire.registry import live_entries
-from publisher.wire.transport import Publisher
+from publisher.wire.transport import HANDOFF_S, Publisher
 
 
 @pytest.fixture
@@ -354,10 +354,12 @@ def test_a_frozen_viewer_loses_only_its_own_messages_and_can_tell(
 
 
 def _probe_received(publisher: Publisher, subs: tuple[zmq.Socket, ...], probes: list[int]) -> bool:
-    """Publish a probe; True once every SUB has received one (subscriptions are in place)."""
-    publisher.publish("metrics", step=-1, metrics={})
+    """Publish a probe; True once every SUB has received one (subscriptions are in place). Each
+    waits longer than the idle sender sleeps, so probes do not pile up unread; a late one is a valid
+    message of step 0, which the test's readers skip like any other."""
+    publisher.publish("metrics", step=0, metrics={})
     probes.append(1)
-    return all(sub.poll(50) and sub.recv() for sub in subs)
+    return all(sub.poll(int(HANDOFF_S * 2000)) and sub.recv() for sub in subs)
 
 
 def _handled(publisher: Publisher) -> int:

@@ -1,6 +1,6 @@
 """What runs beside the training thread, each on a daemon thread of its own.
 
-- ``step_worker.py``: finishes each step (publishing, the detectors) every 50 ms, so that the
+- ``step_worker.py``: finishes each step (publishing, the detectors) every 0.1 s, so that the
   training thread only queues it;
 - ``watchdog.py``: notices when steps stop and says where the training thread is and whether it
   is stuck, busy or waiting in a collective, reading its Python stack (``stacks.py``) and its CPU

@@ -5,7 +5,8 @@ assembled, published and shown to the detectors. Measured on a CPU, that bookkee
 as much again as the capture when it runs between two training steps (whose kernels have evicted
 its code and data from the caches) and a few microseconds per step when it runs in a batch: so the
 training thread only queues the step here, and this thread handles the queue every ``interval_s``
-(50 ms: metrics and events reach a viewer that much later, unnoticeable to a human).
+(:data:`~publisher.wire.transport.HANDOFF_S`, 100 ms: metrics and events reach a viewer that much
+later, unnoticeable to a human).
 
 Steps are handled in the order they were queued, one at a time, so the stream keeps step order.
 """
@@ -17,6 +18,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from publisher.wire.transport import HANDOFF_S
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,8 @@ class StepWorker(Generic[Item]):
     """
 
     def __init__(self, handle: Callable[[Item], None], on_drop: Callable[[], None], *,
-                 interval_s: float = 0.05, max_pending: int = 100_000, name: str = "tuimon-steps") -> None:
+                 interval_s: float = HANDOFF_S, max_pending: int = 100_000,
+                 name: str = "tuimon-steps") -> None:
         self._handle = handle
         self._on_drop = on_drop
         self._interval_s = interval_s

@@ -68,12 +68,14 @@ _ENDPOINT_EXAMPLES = (
     "tcp://127.0.0.1:* (any free port, this machine only) or tcp://0.0.0.0:5555 (all interfaces)"
 )
 
-#: Longest sleep of the idle sender: bounds the delay of a message and of a snapshot reply (a
-#: heartbeat is never late: the sleep ends at its time; close() wakes it at once). The Monitor's
-#: step worker hands over its messages every 50 ms: waking more often finds nothing new, and a
-#: wake is not free (90-210 µs of CPU a sleep in the sandboxed kernel of the machine measured,
-#: benchmarks/cost_split.py).
-_IDLE_S = 0.05
+#: How often the Monitor's background threads hand work on: the step worker publishes the steps
+#: queued since its last turn, and the idle sender wakes to send them (so a metric reaches a viewer
+#: at most twice this late, and a snapshot request waits at most this long; a heartbeat is never
+#: late: the sleep ends at its time; close() wakes both at once). Each wake costs CPU (90-210 µs a
+#: sleep in the sandboxed kernel measured) and each batch refills caches the training step evicted:
+#: at 50 ms the worker's and the sender's CPU per step were 25-50 % higher than at 100 ms on the
+#: three models of benchmarks/cost_split.py (alternating runs, issue 23), and 200 ms saved little more.
+HANDOFF_S = 0.1
 #: Messages sent between two looks at the snapshot socket, so a burst cannot starve late joiners.
 _BATCH = 1_000
 #: How long closing may wait to deliver the last messages (run_end) to viewers that are reading.
@@ -369,7 +371,7 @@ class Publisher:
                     self._recorder.flush_if_due()
                 except OSError as exc:
                     self._recording_failed(self._recorder, exc)
-            timeout_s = 0.0 if queue else min(_IDLE_S, max(0.0, next_heartbeat - now))
+            timeout_s = 0.0 if queue else min(HANDOFF_S, max(0.0, next_heartbeat - now))
 
     def _emit(self, msg_type: str, step: int | None, ts: float, body: dict[str, Any]) -> bool:
         """Number, encode once, send, record and remember one message; False if it could not be
