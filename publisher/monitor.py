@@ -277,7 +277,7 @@ class Monitor:
                 if loss.numel() != 1:
                     shape = tuple(loss.shape)
                     raise ValueError(f"the loss must be one number, got a tensor of shape {shape}")
-                if self._offer_graph is not None and loss.grad_fn is not None:
+                if self._offer_graph is not None:
                     self._offer_graph(loss)
             readings.add("loss", loss)
         grads = None if "grad_norm" in extra else self._read_grad_norm(sampling, readings)
@@ -379,7 +379,7 @@ class Monitor:
         steps, outside the model too (:mod:`publisher.invariants.leaves`). :meth:`step` does this
         for a loss tensor it is given; the zero-code launcher's ``backward`` hook calls it."""
         try:
-            if self._offer_graph is not None and loss.grad_fn is not None:
+            if self._offer_graph is not None:
                 self._offer_graph(loss)
         except Exception as exc:
             self._telemetry_failed("offer_graph()", exc)

@@ -156,7 +156,7 @@ class InvariantChecker:
         """A loss with its autograd graph: walked for its leaves on the steps before an ownership
         check (:mod:`publisher.invariants.leaves`), else left alone at once."""
         owned = self._ownership
-        if owned is not None and owned.wants_graph(self._steps_done):
+        if owned is not None and owned.wants_graph(self._steps_done) and loss.grad_fn is not None:
             with self._meter:
                 self._run(owned, owned.see_graph, loss, self._steps_done)
 

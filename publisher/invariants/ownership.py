@@ -49,6 +49,7 @@ class OwnershipCheck(Check):
         self._last_checked = -1
         self._walks: list[Leaves] = []  # the graph's leaves on the latest two walks
         self._walked_at = -1
+        self._quiet_until = 0  # step counts below this want no walk
         self._ignored: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
 
     def ignore(self, tensors: Sequence[torch.Tensor]) -> None:
@@ -56,8 +57,16 @@ class OwnershipCheck(Check):
         self._ignored.update(tensors)
 
     def wants_graph(self, steps_done: int) -> bool:
-        """Walk the loss's graph now? On the two steps before each check, once a step."""
-        return steps_done != self._walked_at and self.next_due(steps_done) - steps_done <= 2
+        """Walk the loss's graph now? On the two steps before each check, once a step. Asked at
+        every step on the training thread, so the steps before the next window answer from one
+        comparison (each call there costs microseconds: issue 23)."""
+        if steps_done < self._quiet_until:
+            return False
+        due = self.next_due(steps_done)
+        if due - steps_done > 2:
+            self._quiet_until = due - 2  # next_due is the same for every step count up to there
+            return False
+        return steps_done != self._walked_at
 
     def see_graph(self, loss: torch.Tensor, steps_done: int) -> None:
         """Walk ``loss``'s graph (called when :meth:`wants_graph`)."""
