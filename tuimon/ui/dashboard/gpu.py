@@ -63,7 +63,7 @@ def _line(
     label: str, fraction: float | None, value: str, history: list[float], low: float, high: float
 ) -> Content:
     return Content.assemble(
-        (f"{label:<5}", "$foreground 70%"),
+        (f"{label:<5} ", "$foreground 70%"),
         (bar(fraction, _BAR), "$primary"),
         f" {value:<15}",
         (spark(history, low, high, _SPARK), "$accent"),
