@@ -181,7 +181,7 @@ def measure(build: Build, scale: float) -> tuple[str, dict[str, float]]:
 
 def wake_cpu_us(sleeps: int = 25, sleep_s: float = 0.02) -> float:
     """CPU time one sleep-and-wake of a thread costs on this machine, in µs: the background
-    threads wake every 20-50 ms whatever the step rate, so on a machine where a wake is dear (a
+    threads wake every 0.1 s or so whatever the step rate, so on a machine where a wake is dear (a
     sandboxed kernel: ~90 µs here, against a few µs on bare Linux) that is a floor of the
     ``worker`` and ``sender`` columns, on the other core, not time taken from training."""
     started = time.thread_time()
