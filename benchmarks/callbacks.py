@@ -14,8 +14,9 @@ first in odd ones) so that a shared machine's drift hits both arms alike, as
 - ``lightning``: ``lightning.Trainer`` with :mod:`publisher.integrations.lightning`;
 - ``plain``: a hand-written loop calling ``Monitor.step`` (the reference the callbacks add to).
 
-Printed per framework: the median step time without and with the callback (median over repeats
-of each run's median), ``ratio``, the median over repeats of (with / without) of the two runs of
+Printed per framework: the step time without and with the callback (median over repeats of each
+run's mean step time: a median per run would drop the steps the Monitor's background bursts
+delay, ``blocks.py``), ``ratio``, the median over repeats of (with / without) of the two runs of
 a repeat, which a machine whose load changes during the run disturbs less than a ratio of
 overall medians, and its ``spread`` (the smallest and largest of those per-repeat ratios);
 ``cpu``, the same median ratio for the process's CPU time per step (every thread: the Monitor's
@@ -244,7 +245,7 @@ def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int)
     """``repeats`` ABBA pairs of runs, after one short discarded pair (imports, first allocations)."""
     for monitored in (False, True):
         timed_run(framework, max(warmup + 2, 5), monitored, 0, threads)
-    medians: dict[bool, list[float]] = {False: [], True: []}
+    means: dict[bool, list[float]] = {False: [], True: []}
     fixed: dict[bool, list[float]] = {False: [], True: []}
     ratios: list[float] = []
     cpu_ratios: list[float] = []
@@ -254,15 +255,15 @@ def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int)
         cpu: dict[bool, float] = {}
         for monitored in arms:
             run = timed_run(framework, steps, monitored, warmup, threads)
-            pair[monitored] = statistics.median(run.step_times)
+            pair[monitored] = statistics.fmean(run.step_times)
             cpu[monitored] = run.cpu_s
-            medians[monitored].append(pair[monitored])
+            means[monitored].append(pair[monitored])
             fixed[monitored].append(run.fixed_s)
         ratios.append(pair[True] / pair[False])
         cpu_ratios.append(cpu[True] / cpu[False])
     return {
-        "without_ms": statistics.median(medians[False]) * 1e3,
-        "with_ms": statistics.median(medians[True]) * 1e3,
+        "without_ms": statistics.median(means[False]) * 1e3,
+        "with_ms": statistics.median(means[True]) * 1e3,
         "ratio": statistics.median(ratios),
         "low": min(ratios),
         "high": max(ratios),
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("under `tuimon run` the callbacks stand aside: run this benchmark directly")
     print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs; tiny GPT-2 {SIZE}.")
     print(f"{args.steps} steps a run, the first {args.warmup} left out; {args.repeats} ABBA pairs a"
-          " framework. Step times are medians; ratio is the median over pairs of (with / without),"
+          " framework. Step times are runs' means; ratio is the median over pairs of (with / without),"
           " spread its range.")
     columns = {"without": 10, "with": 10, "ratio": 8, "spread": 15, "cpu": 8, "start+end": 12}
     header = f"{'framework':<11}" + "".join(f"{name:>{width}}" for name, width in columns.items())

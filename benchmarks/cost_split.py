@@ -1,19 +1,20 @@
 """Where the Monitor's cost per training step goes, on three model shapes, measured in one run.
 
-    python benchmarks/cost_split.py [--quick] [--models mlp,deep,gpt2]
+    python benchmarks/cost_split.py [--quick | --rounds N] [--models mlp,deep,gpt2]
 
 ``benchmarks/overhead.py`` says how much a Monitor costs; this says where. Per model a bare loop
 and a monitored one (a default Monitor: detectors, invariants, per-layer samples, hang watchdog,
 simulated GPU sampling, and a live viewer subscribed in its own process) train in alternating
-blocks (ABBA, as overhead.py does), and per monitored step it splits the cost into:
+blocks of about a second, compared by their mean step times (``blocks.py`` says why), and per
+monitored step it splits the cost into:
 
 - ``step()``: the median time inside ``mon.step()`` on the training thread;
 - ``hooks``: time the per-layer sampler's and the invariant checker's hooks took on the training
   thread (forward, backward and optimizer hooks; their own meters), per step;
-- ``rest``: what is left of (monitored - bare) step time after those two: the training thread's
-  loss to the background threads (waiting for the GIL while one of them holds it, caches they
-  evict) and to the watched torch calls (the loss's wrapper). CPython keeps no count of GIL waits,
-  so this is the residual, not a direct reading;
+- ``rest``: what is left of (monitored - bare) mean step time after those two (the mean call):
+  the training thread's loss to the background threads (waiting for the GIL while one of them
+  holds it, caches they evict) and to the watched torch calls (the loss's wrapper). CPython keeps
+  no count of GIL waits, so this is the residual, not a direct reading;
 - per background thread (``worker``: the step worker, which runs the detectors and assembles
   messages; ``sender``: encoding, sending, recording; ``gpu``: the GPU sampler; ``watchdog``), its
   CPU time per step, read from Linux's per-thread ``schedstat`` (publisher/threads/thread_usage.py);
@@ -47,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
+from blocks import arms, block_steps, pair_ratio  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, _own_seconds, viewer, wait_ready  # noqa: E402
 
 from publisher.monitor import Monitor  # noqa: E402
@@ -65,11 +67,9 @@ class Loop:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     step: Callable[[], torch.Tensor]
-    rounds: int
-    block: int
 
 
-def _mlp_loop(name: str, layers: list[nn.Module], d_in: int, classes: int, rounds: int, block: int,
+def _mlp_loop(name: str, layers: list[nn.Module], d_in: int, classes: int,
               cross_entropy: Callable[..., torch.Tensor]) -> Loop:
     torch.manual_seed(0)
     model = nn.Sequential(*layers)
@@ -84,18 +84,17 @@ def _mlp_loop(name: str, layers: list[nn.Module], d_in: int, classes: int, round
         optimizer.step()
         return loss
 
-    return Loop(name, model, optimizer, step, rounds, block)
+    return Loop(name, model, optimizer, step)
 
 
 def mlp(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
     layers = [nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)]
-    return _mlp_loop("MLP, 2 hidden", layers, 128, 10, rounds=60, block=20, cross_entropy=cross_entropy)
+    return _mlp_loop("MLP, 2 hidden", layers, 128, 10, cross_entropy=cross_entropy)
 
 
 def deep(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
     layers: list[nn.Module] = [nn.Linear(64, 64) if i % 2 == 0 else nn.ReLU() for i in range(96)]
-    return _mlp_loop("48 x 64 units", [*layers, nn.Linear(64, 10)], 64, 10, rounds=40, block=10,
-                     cross_entropy=cross_entropy)
+    return _mlp_loop("48 x 64 units", [*layers, nn.Linear(64, 10)], 64, 10, cross_entropy=cross_entropy)
 
 
 def gpt2(_: Callable[..., torch.Tensor]) -> Loop:
@@ -113,10 +112,13 @@ def gpt2(_: Callable[..., torch.Tensor]) -> Loop:
         optimizer.step()
         return loss
 
-    return Loop("tiny GPT-2", model, optimizer, step, rounds=30, block=5)
+    return Loop("tiny GPT-2", model, optimizer, step)
 
 
 MODELS: dict[str, Build] = {"mlp": mlp, "deep": deep, "gpt2": gpt2}
+#: Rounds of two ~1 s blocks per model: ~30 s each, 4 with ``--quick``.
+ROUNDS = 12
+QUICK_ROUNDS = 4
 
 
 def thread_cpu_ns() -> dict[str, int]:
@@ -133,10 +135,9 @@ def thread_cpu_ns() -> dict[str, int]:
 Build = Callable[[Callable[..., torch.Tensor]], Loop]
 
 
-def measure(build: Build, scale: float) -> tuple[str, dict[str, float]]:
+def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
     plain = build(TORCH_CROSS_ENTROPY)
     watched = build(nn.functional.cross_entropy)
-    rounds = max(2, int(plain.rounds * scale))
     with tempfile.TemporaryDirectory() as runtime:
         os.environ["TUIMON_RUNTIME_DIR"] = runtime
         mon = Monitor(watched.model, watched.optimizer, run="cost-split", gpu="simulated")
@@ -146,14 +147,15 @@ def measure(build: Build, scale: float) -> tuple[str, dict[str, float]]:
             for _ in range(WARM_UP_STEPS):
                 plain.step()
                 mon.step(watched.step())
+            steps_per_block = block_steps(plain.step)
             own_before, threads_before = _own_seconds(mon), thread_cpu_ns()
             times: dict[bool, list[float]] = {False: [], True: []}
             calls: list[float] = []
             ratios: list[float] = []
             for index in range(rounds):
                 block: dict[bool, list[float]] = {False: [], True: []}
-                for monitored in ((False, True) if index % 2 == 0 else (True, False)):
-                    for _ in range(plain.block):
+                for monitored in arms(index):
+                    for _ in range(steps_per_block):
                         started = time.perf_counter()
                         loss = (watched if monitored else plain).step()
                         if monitored:
@@ -163,19 +165,18 @@ def measure(build: Build, scale: float) -> tuple[str, dict[str, float]]:
                         block[monitored].append(time.perf_counter() - started)
                 times[False] += block[False]
                 times[True] += block[True]
-                ratios.append(statistics.median(block[True]) / statistics.median(block[False]))
-            steps = rounds * plain.block
+                ratios.append(pair_ratio(block[True], block[False]))
+            steps = rounds * steps_per_block
             hooks = (_own_seconds(mon) - own_before) / steps
             threads = {role: (ns - threads_before[role]) / steps / 1e3
                        for role, ns in thread_cpu_ns().items()}
             mon.close()
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
-    bare, with_monitor = statistics.median(times[False]), statistics.median(times[True])
-    call = statistics.median(calls)
+    bare, with_monitor = statistics.fmean(times[False]), statistics.fmean(times[True])
     return plain.name, {
             "bare_ms": bare * 1e3, "with_ms": with_monitor * 1e3, "ratio": statistics.median(ratios),
-            "call_us": call * 1e6, "hooks_us": hooks * 1e6,
-            "rest_us": (with_monitor - bare - call - hooks) * 1e6,
+            "call_us": statistics.median(calls) * 1e6, "hooks_us": hooks * 1e6,
+            "rest_us": (with_monitor - bare - statistics.fmean(calls) - hooks) * 1e6,
             **{f"{role}_us": value for role, value in threads.items()}}
 
 
@@ -192,7 +193,8 @@ def wake_cpu_us(sleeps: int = 25, sleep_s: float = 0.02) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a third of the rounds")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"ABBA rounds a model (default {ROUNDS})")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds per model")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.models.split(",") if name.strip()]
@@ -200,15 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step, medians "
-          "(step time, step()), per-step means (hooks, threads); a live viewer subscribed; one "
+    print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
+          "step() call, means for the rest (step times, hooks, threads); a live viewer subscribed; one "
           f"sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here")
     columns = ("bare", "with", "ratio", "step()", "hooks", "rest", "worker", "sender", "gpu", "watchdog")
     header = f"{'model':<15}" + "".join(f"{name:>9}" for name in columns)
     print(header)
     print("-" * len(header))
     for name in chosen:
-        title, r = measure(MODELS[name], 1 / 3 if args.quick else 1.0)
+        title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds)
         print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms"
               f"{r['ratio']:>9.3f}" + "".join(f"{r[key]:>7.1f}us" for key in (
                   "call_us", "hooks_us", "rest_us", "worker_us", "sender_us", "gpu_us", "watchdog_us")),

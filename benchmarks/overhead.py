@@ -4,7 +4,8 @@
 
 Two step sizes (~1 ms and >= 20 ms) and four conditions (no viewer, a live viewer, a frozen viewer,
 ``full``: everything a default Monitor does); a plain and a watched model train in alternating
-blocks, and the ratio is the median of adjacent blocks' ratios.
+blocks of about a second, and the ratio is the median of adjacent blocks' ratios of mean step
+times (``blocks.py``: why means, and why a second).
 
 Targets: ratio <= 1.02 at >= 20 ms steps, <= 1.05 at ~1 ms (TrainCheck, OSDI 2025: median
 1.05x, worst 1.6x). Also printed: the median cost of one ``mon.step()`` call in microseconds, the
@@ -35,6 +36,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from blocks import arms, block_steps, pair_ratio
 
 from publisher.monitor import Monitor
 from publisher.patches import torch_calls
@@ -78,24 +81,21 @@ class ModelSize:
     name: str
     dims: tuple[int, int, int]  # input, hidden, classes
     batch: int
-    rounds: int  # ABBA rounds
-    block: int  # steps per block
 
 
-#: Short blocks: the machine is shared, and the closer the two arms are in time, the better its
-#: drift cancels. Not single steps: the Monitor's step_time (which sets its grad-norm budget)
-#: would then always span two steps.
+#: ABBA rounds of two ~1 s blocks per size and condition (a third with ``--quick``).
+ROUNDS = 12
 SIZES = (
-    ModelSize("~1 ms step", (128, 256, 10), batch=64, rounds=200, block=10),
-    ModelSize(">=20 ms step", (512, 1024, 512), batch=160, rounds=120, block=5),
+    ModelSize("~1 ms step", (128, 256, 10), batch=64),
+    ModelSize(">=20 ms step", (512, 1024, 512), batch=160),
 )
 #: On a GPU the CPU sizes are a few kernel launches: a small MLP whose step is launch-bound (the
 #: Monitor's host work is then most exposed), and a ~200M-parameter one (fp32, 768 rows: ~0.9
 #: TFLOP a step) for ~10-50 ms at an H100/H200's fp32 rate. Batches (``BATCHES`` of them, ~3 GB
 #: an arm at the large size) and both models live on the device.
 CUDA_SIZES = (
-    ModelSize("<1 ms (cuda)", (512, 1024, 512), batch=160, rounds=200, block=10),
-    ModelSize("~20 ms (cuda)", (8192, 8192, 8192), batch=768, rounds=120, block=5),
+    ModelSize("<1 ms (cuda)", (512, 1024, 512), batch=160),
+    ModelSize("~20 ms (cuda)", (8192, 8192, 8192), batch=768),
 )
 CONDITIONS = ("no viewer", "live viewer", "frozen viewer", "full")
 #: Steps before measuring: a long run's steady state is what matters, not its start. ``full``
@@ -181,7 +181,7 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
     plain = Trainer(size, TORCH_CROSS_ENTROPY, device)
     trainer = Trainer(size, nn.functional.cross_entropy, device)
     cuda = device.type == "cuda"
-    rounds = max(2, int(size.rounds * scale))
+    rounds = max(2, round(ROUNDS * scale))
     full = condition == "full"
     with tempfile.TemporaryDirectory() as runtime:
         os.environ["TUIMON_RUNTIME_DIR"] = runtime
@@ -202,18 +202,19 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
             for _ in range(WARM_UP_STEPS):  # both arms
                 plain.forward_backward_step()
                 mon.step(trainer.forward_backward_step(), samples=trainer.batch)
+            steps_per_block = block_steps(
+                lambda: (plain.forward_backward_step(), cuda and torch.cuda.synchronize(device)))
             own_before = _own_seconds(mon)
             without: list[float] = []
             with_monitor: list[float] = []
             call_costs: list[float] = []
-            pair_ratios: list[float] = []  # per round: median with / median without, side by side
+            pair_ratios: list[float] = []  # per round: mean with / mean without, side by side
             process_cpu = {False: 0.0, True: 0.0}  # CPU seconds of the whole process (all threads) per arm
             for round_index in range(rounds):
-                arms = (False, True) if round_index % 2 == 0 else (True, False)
                 block_times: dict[bool, list[float]] = {False: [], True: []}
-                for monitored in arms:
+                for monitored in arms(round_index):
                     cpu_started = time.process_time()
-                    for _ in range(size.block):
+                    for _ in range(steps_per_block):
                         started = time.perf_counter()
                         loss = (trainer if monitored else plain).forward_backward_step()
                         if monitored:
@@ -226,16 +227,14 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
                     process_cpu[monitored] += time.process_time() - cpu_started
                 without += block_times[False]
                 with_monitor += block_times[True]
-                pair_ratios.append(
-                    statistics.median(block_times[True]) / statistics.median(block_times[False])
-                )
-            own = (_own_seconds(mon) - own_before) / (rounds * size.block)
+                pair_ratios.append(pair_ratio(block_times[True], block_times[False]))
+            own = (_own_seconds(mon) - own_before) / (rounds * steps_per_block)
             stats = mon.publisher.stats()
             mon.close()
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
     return {
-        "without_ms": statistics.median(without) * 1e3,
-        "with_ms": statistics.median(with_monitor) * 1e3,
+        "without_ms": statistics.fmean(without) * 1e3,
+        "with_ms": statistics.fmean(with_monitor) * 1e3,
         "ratio": statistics.median(pair_ratios),
         "call_us": statistics.median(call_costs) * 1e6,
         "cpu_ratio": process_cpu[True] / process_cpu[False],
@@ -254,7 +253,7 @@ def _own_seconds(mon: Monitor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a third of the rounds (~20 s, not ~1 min)")
+    parser.add_argument("--quick", action="store_true", help="a third of the rounds (~1.5 min, not ~4)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the models train (default cpu; cuda: the GPU sizes, see above)")
@@ -268,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}")
     print(
-        f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs. Step times are medians;"
-        " ratio is the median over rounds of (with / without) in adjacent blocks, robust to drifting load."
+        f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs. Step times are means;"
+        " ratio is the median over rounds of (with / without) in adjacent ~1 s blocks (robust to drift)."
     )
     columns = {"without": 10, "with": 10, "ratio": 8, "cpu": 8, "step()": 10, "dropped": 9, "hooks": 10}
     header = f"{'model':<14}{'condition':<15}" + "".join(f"{name:>{w}}" for name, w in columns.items())
