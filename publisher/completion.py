@@ -5,7 +5,8 @@ it; what can wait happens here, on the step worker's thread (:mod:`publisher.thr
 in step order: throughput, the compute time (the device's marks read here:
 :mod:`publisher.readings.compute_time`), host and CUDA memory and the training thread's wait for a
 CPU (:mod:`publisher.readings.memory`, :mod:`publisher.readings.cpu_wait`), the device numbers that
-arrived, and which gradients went bad on a step whose norm is not finite. Moved here from the
+arrived, which gradients went bad on a step whose norm is not finite, and the looks at the loss
+calls (:mod:`publisher.patches.loss_look`: on the CPU, measured here). Moved here from the
 training thread for issue 23 ("the cost of watching"): there each read cost several times what it
 costs in a batch here, on warm caches. The typical step time stays on the training thread, whose
 cost budgets read it at once.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from publisher.patches.torch_calls import CallWatch
 from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.cpu_wait import CpuWait
 from publisher.readings.memory import MemoryReader
@@ -30,7 +32,8 @@ class StepCompletion:
 
     ``training_thread``: the :func:`threading.get_ident` of the thread that calls ``step()`` (the
     hang watchdog's), whose wait for a CPU is read. ``layers``: the per-layer sampler, once built,
-    which names the gradients of a step whose norm is not finite.
+    which names the gradients of a step whose norm is not finite. ``calls``: the Monitor's watch of
+    the loss calls, which reads the looks a step took.
     """
 
     def __init__(self, compute: ComputeTimer, memory: MemoryReader,
@@ -40,6 +43,7 @@ class StepCompletion:
         self._training_thread = training_thread
         self._cpu_wait = CpuWait(self._training_native_id)
         self.layers: LayerSampler | None = None
+        self.calls: CallWatch | None = None
 
     def complete(self, readings: StepReadings) -> FinishedStep:
         """The step's metrics, from its readings."""
@@ -58,8 +62,10 @@ class StepCompletion:
                 metrics.get("grad_norm", 0.0)):
             # Not a sampled step, but the gradients went bad: say which ones.
             layout = self.layers.gradient_layout(grads)
+        calls = self.calls
+        looks = tuple(calls.read(pending) for pending in readings.looks) if readings.looks and calls else ()
         return FinishedStep(readings.step, metrics, grad_norms, layout, sample_arrays, readings.batches,
-                            readings.looks)
+                            looks)
 
     def _timing(self, readings: StepReadings) -> None:
         """Step time and throughput since the previous step, the data wait, the compute time."""

@@ -161,6 +161,7 @@ class Monitor:
         self._context.repeated_batches = bool(repeated_batches)
         self._context.optimizers = len(self._params.optimizers)
         self._calls = torch_calls.watch(self._saw_classes)
+        self._parts.completion.calls = self._calls  # the step worker reads the looks
         self._loaders = LoaderBook()
         self._batches: list[BatchPrint] = []
         #: The publisher (socket, recording, registry entry) and the GPU source, for callers

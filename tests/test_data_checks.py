@@ -253,7 +253,10 @@ def test_the_watched_calls_return_what_torch_returns_and_count_the_labels() -> N
         assert seen == [(10, None)], "the class count at once, the prior once the labels are counted"
         for _ in range(torch_calls.COUNTED_CALLS - 1):
             torch.nn.functional.cross_entropy(model(x), y)
-        assert len(watch.take_looks()) == torch_calls.COUNTED_CALLS  # the Monitor's step takes them
+        taken = watch.take_looks()  # the Monitor's step takes them, its step worker reads them
+        assert len(taken) == torch_calls.COUNTED_CALLS
+        for pending in taken:
+            watch.read(pending)
     finally:
         torch_calls.unwatch(watch)
     shares = torch.bincount(y, minlength=10).double() / 32
@@ -310,12 +313,13 @@ F = torch.nn.functional
 
 
 def looks_of(*calls: Callable[[], Any]) -> list[LossLook]:
-    """The looks a watch takes at the losses ``calls`` make, taken after each as a Monitor's step does."""
+    """The looks a watch takes at the losses ``calls`` make, taken after each as a Monitor's step
+    does, and read as its step worker does."""
     watch, looks = torch_calls.watch(lambda classes, entropy: None), []
     try:
         for call in calls:
             call()
-            looks += watch.take_looks()
+            looks += [watch.read(pending) for pending in watch.take_looks()]
         return looks
     finally:
         torch_calls.unwatch(watch)
@@ -487,3 +491,24 @@ def test_a_language_models_logits_are_read_in_sampled_rows() -> None:
     [look] = looks_of(lambda: F.cross_entropy(logits.softmax(1), tokens))
     assert look.input.shape == (2048, 1000) and sum(look.labels or ()) == 2048
     assert [m.problem for m in mismatches(look)] == ["probabilities_as_logits"]
+
+
+def test_on_the_cpu_a_look_is_measured_when_read_from_what_the_loss_call_saw() -> None:
+    """The training thread only keeps the tensors (a copy of a big input's sampled rows, so that
+    the look holds none of it); the step worker measures them when it reads the look, and gets
+    the numbers of the call even when the input has been overwritten and let go by then."""
+    watch = torch_calls.watch(lambda classes, entropy: None)
+    try:
+        weights = torch.full((2048, 1000), -5.0)
+        weights[:, 3] = 5.0
+        logits = weights.requires_grad_(True) * 1.0
+        F.cross_entropy(logits, torch.full((2048,), 3))
+        [pending] = watch.take_looks()
+        with torch.no_grad():
+            logits.fill_(100.0)  # the loop moves on before the worker reads the look
+        del logits
+        look = watch.read(pending)
+    finally:
+        torch_calls.unwatch(watch)
+    assert (look.input.min, look.input.max) == (-5.0, 5.0)
+    assert look.labels is not None and look.labels[3] == 2048 and sum(look.labels) == 2048

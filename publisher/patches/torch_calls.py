@@ -51,10 +51,12 @@ COUNTED_CALLS = 48
 #: until they are in, for at most :data:`EAGER_CALLS` calls (tiny batches).
 EAGER_LABELS = 1400
 EAGER_CALLS = 512
-#: Then a loss is looked at once in this many of its calls: a look costs a few small reductions
-#: and a copy (~60 us on a busy 2-core CPU for a batch of 64 x 10 logits, most of it the fixed
-#: cost of a dozen small torch ops), so ~4 us a call, and a bug that starts later (the sorted
-#: part of a stream) is seen within a few hundred steps.
+#: Then a loss is looked at once in this many of its calls: a look costs the loss call its call
+#: site, its input's maker and, on an accelerator, about twenty small queued operations and a
+#: copy (on the CPU those run on the step worker: :mod:`publisher.patches.loss_look`); on this
+#: project's busy 2-core machine ~75 us a look on the training thread (~0.36 ms when the CPU's
+#: were measured there), so ~5 us a call, and a bug that starts later (the sorted part of a
+#: stream) is seen within a few hundred steps.
 LOOK_EVERY = 16
 #: Looks a watch keeps until its owner takes them.
 _KEPT_LOOKS = 1024
@@ -106,18 +108,23 @@ class CallWatch:
             self._classes, self._label_counts, self._counted = classes, [], 0
             self._on_classes(classes, None)
 
-    def take_looks(self) -> list[LossLook]:
-        """The looks that have reached the host since the last call (the Monitor's step), in order.
-        The labels of the first :data:`COUNTED_CALLS` looks of the current class count make the
-        label prior, told to the owner once known."""
+    def take_looks(self) -> list[PendingLook]:
+        """The looks that have reached the host since the last call (the Monitor's step), in order,
+        for :meth:`read` on the step worker's thread."""
         pending, looks = self._pending, []
         while pending and pending[0].landed():
-            found = pending.popleft().read()
-            looks.append(found)
-            if found.labels is not None:
-                self._labels += sum(found.labels[:-1]) if found.per_example else 0
-                self._count(found)
+            looks.append(pending.popleft())
         return looks
+
+    def read(self, pending: PendingLook) -> LossLook:
+        """A look taken by :meth:`take_looks`, read (on the CPU: measured) off the training thread.
+        The labels of the first :data:`COUNTED_CALLS` looks of the current class count make the
+        label prior, told to the owner once known."""
+        found = pending.read()
+        if found.labels is not None:
+            self._labels += sum(found.labels[:-1]) if found.per_example else 0
+            self._count(found)
+        return found
 
     def _count(self, found: LossLook) -> None:
         if found.classes != self._classes or self._counted >= COUNTED_CALLS or found.labels is None:

@@ -23,7 +23,7 @@ from publisher.readings.compute_time import Interval
 class StepReadings:
     """``metrics``: the numbers already on the host; ``waiting``: (name, device scalar) pairs;
     ``batches``: the fingerprints of the batches the step consumed; ``looks``: the looks at its loss
-    calls that reached the host since the previous step.
+    calls that reached the host since the previous step, still to be read (on the CPU, measured).
 
     Raw, for the step worker: ``step``; ``at``, when it ended (``time.perf_counter``); ``elapsed``,
     the seconds since the previous step (None for the first); ``tokens``, ``samples`` and
@@ -44,7 +44,7 @@ class StepReadings:
         self.waiting: list[tuple[str, torch.Tensor]] = []
         self.values: list[torch.Tensor] = []
         self.batches: tuple[BatchPrint, ...] = ()
-        # publisher.patches.loss_look.LossLook: a sibling layer, named here only by its type's name.
+        # publisher.patches.loss_look.PendingLook: a sibling layer, named here only by its type's name.
         self.looks: tuple[Any, ...] = ()
         self.tokens: int | None = None
         self.samples: int | None = None
