@@ -126,6 +126,9 @@ class NonFiniteGuard:
         self._on_error = on_error
         #: Whether the norms were measured before this step's update (None is then "not due").
         self.measured = False
+        #: Whether this step's gradient norms are due (the Monitor's budget, or a sampled step):
+        #: with ``report`` the check runs on those steps only. The first step is checked.
+        self._norms_due = True
         self._handles: list[RemovableHandle] = []
         self._depth = 0
         self._in_episode = False
@@ -152,13 +155,17 @@ class NonFiniteGuard:
         step; ``report``: where the norms are measured, ``norms_due``, and read on the host), so
         that the other steps' forwards run without a hook."""
         capture = self.capture
+        keep = self.settings.policy != "report" or (norms_due and self._host_norms)
+        self._norms_due = norms_due
+        if not (self.measured or capture.armed or keep) and capture.roots:
+            return  # nothing was measured or kept on this step, nor will be on the next: the usual case
         capture.clear()
         self.norms = None
         self.measured = False
         if not capture.roots:
             for root in self._roots():
                 capture.attach(root)
-        capture.arm(self.settings.policy != "report" or (norms_due and self._host_norms))
+        capture.arm(keep)
 
     # -- the hooks ------------------------------------------------------------------------------
 
@@ -180,6 +187,8 @@ class NonFiniteGuard:
 
     def _check(self, optimizer: torch.optim.Optimizer) -> None:
         acting = self.settings.policy != "report"
+        if not (acting or self._norms_due):
+            return  # ``report`` on a step whose norms are not due: the Monitor's step() counts it
         norms = self.norms = self._measure(acting)
         self.measured = True
         if norms is None:
