@@ -224,6 +224,44 @@ def test_a_nan_parts_the_runs_at_its_step(tmp_path: Path, capsys: pytest.Capture
     assert [d["name"] for d in report["invariants"]] == ["grads_cleared"]
 
 
+def gradient_norms(name: str, every: int, *, shift_after: int | None = None) -> list[dict[str, Any]]:
+    """A run whose gradient norm (correlated noise around a slow decay, the same whatever the
+    options) was measured on every ``every``-th step, as a run slowed by its machine's load measures
+    it (its time budget); from ``shift_after`` on, 0.5 higher."""
+    noise = random.Random(6)
+    builder = RunBuilder(name)
+    messages = [builder.run_start()]
+    drift = 0.0
+    for step in range(1, 301):
+        builder.ts += 0.1
+        drift = 0.7 * drift + noise.gauss(0, 0.1)
+        values = {"loss": 1.0, "lr": 0.01}
+        if (step - 1) % every == 0:
+            shift = 0.5 if shift_after is not None and step > shift_after else 0.0
+            values["grad_norm"] = 1.0 + drift + 0.5 * 0.99**step + shift
+        messages.append(builder.metrics(step, **values))
+    messages.append(builder.message("run_end", step=300, status="completed"))
+    return messages
+
+
+def test_a_run_that_measured_the_gradient_norm_on_fewer_steps_is_compared_where_it_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same gradient norms, one run reading them on every 16th step only: compared at those
+    steps they agree (read at the other run's steps, the sparse run's straight lines across its
+    gaps parted them); a lasting shift in the sparse run is still found, after it starts."""
+    dense = write_recording(tmp_path / "dense.jsonl", gradient_norms("dense", 1))
+    sparse = write_recording(tmp_path / "sparse.jsonl", gradient_norms("sparse", 16))
+    result = diff(capsys, str(dense), str(sparse))
+    assert result.returncode == 0, result.stdout
+    report = json.loads(diff(capsys, str(dense), str(sparse), "--json").stdout)
+    assert report["curves"]["grad_norm"] == {"compared_steps": 19, "parted": None, "rejoined": None}
+
+    shifted = write_recording(tmp_path / "shifted.jsonl", gradient_norms("shifted", 16, shift_after=60))
+    report = json.loads(diff(capsys, str(dense), str(shifted), "--json").stdout)
+    assert report["curves"]["grad_norm"]["parted"]["step"] > 60
+
+
 # --------------------------------------------------------------------------------- --baseline
 
 

@@ -21,9 +21,14 @@ by one batch that lands differently; at five standard errors, chance alone parts
 once in a million windows. A run held against a baseline (:mod:`tuimon.compare.band`) is watched
 by the same rule with the baseline's noise standing for both runs'.
 
-**Steps.** The steps compared are those either run measured within both runs' ranges; a run that
-did not measure a step (the gradient norm is measured on as many steps as its time budget allows)
-is read there by linear interpolation between the steps it did measure.
+**Steps.** The steps compared are those the sparser run measured within both runs' ranges (the
+gradient norm is measured on as many steps as a run's time budget allows, so a slowed run measures
+it on fewer); the other run is read there, measured or by linear interpolation between the steps
+it did measure. Never the other way round: a sparse curve read across a long gap is one straight
+line, and a run of its interpolated values counts one chance deviation many times. Read at the
+denser run's steps, two identical runs, one measuring every 16th step, parted in 38 of 200
+simulated noisy curves; a CI run of ``tuimon diff`` on two seeded trainings, one slowed to 0.43x
+by the machine's load, parted on ``grad_norm`` that way.
 """
 
 from __future__ import annotations
@@ -212,13 +217,14 @@ class PartingWatch:
 
 
 def compared(a: Curve, b: Curve) -> Iterator[tuple[int, float, float, float, float]]:
-    """``(step, a, b, noise_a, noise_b)`` at every step either curve measured within both curves'
-    ranges, in step order."""
+    """``(step, a, b, noise_a, noise_b)`` at every step the sparser curve measured within both
+    curves' ranges, in step order (the module's docstring: why not the denser one's)."""
     if not a.steps or not b.steps:
         return
     low, high = max(a.steps[0], b.steps[0]), min(a.steps[-1], b.steps[-1])
-    steps = {s for s in a.steps if low <= s <= high} | {s for s in b.steps if low <= s <= high}
-    for step in sorted(steps):
+    steps_a = [s for s in a.steps if low <= s <= high]
+    steps_b = [s for s in b.steps if low <= s <= high]
+    for step in min(steps_a, steps_b, key=len):
         at_a, at_b = a.at(step), b.at(step)
         if at_a is not None and at_b is not None:
             yield step, at_a[0], at_b[0], at_a[1], at_b[1]
