@@ -23,8 +23,9 @@ monitored step it splits the cost into:
 
 Models: ``mlp``, the ~1 ms two-hidden-layer MLP of overhead.py; ``deep``, 48 layers of 64 units
 (many small parameter tensors: what grows with the number of tensors shows here); ``gpt2``, the
-tiny GPT-2 of the tests (``tests/helpers/tiny_lm.py``). Printed as a table; the README's table
-("What monitoring costs") comes from it.
+tiny GPT-2 of the tests (``tests/helpers/tiny_lm.py``). Printed as a table, each ratio with the
+middle half of its rounds' ratios (``q1-q3``: the band to read on a shared machine); the README's
+table ("What monitoring costs") comes from it.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
     bare, with_monitor = statistics.fmean(times[False]), statistics.fmean(times[True])
     return plain.name, {
             "bare_ms": bare * 1e3, "with_ms": with_monitor * 1e3, "ratio": statistics.median(ratios),
+            **dict(zip(("q1", "q3"), statistics.quantiles(ratios, n=4)[::2], strict=True)),
             "call_us": statistics.median(calls) * 1e6, "hooks_us": hooks * 1e6,
             "rest_us": (with_monitor - bare - statistics.fmean(calls) - hooks) * 1e6,
             **{f"{role}_us": value for role, value in threads.items()}}
@@ -204,15 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
           "step() call, means for the rest (step times, hooks, threads); a live viewer subscribed; one "
-          f"sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here")
+          f"sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the median of the "
+          "rounds' ratios, whose middle half is q1-q3: on a shared machine read it as a band")
     columns = ("bare", "with", "ratio", "step()", "hooks", "rest", "worker", "sender", "gpu", "watchdog")
-    header = f"{'model':<15}" + "".join(f"{name:>9}" for name in columns)
+    header = (f"{'model':<15}" + "".join(f"{name:>9}" for name in columns[:3]) + f"{'rounds q1-q3':>14}"
+              + "".join(f"{name:>9}" for name in columns[3:]))
     print(header)
     print("-" * len(header))
     for name in chosen:
         title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds)
-        print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms"
-              f"{r['ratio']:>9.3f}" + "".join(f"{r[key]:>7.1f}us" for key in (
+        middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
+        print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}"
+              + "".join(f"{r[key]:>7.1f}us" for key in (
                   "call_us", "hooks_us", "rest_us", "worker_us", "sender_us", "gpu_us", "watchdog_us")),
               flush=True)
     return 0
