@@ -130,7 +130,7 @@ def test_memory_and_the_wait_for_a_cpu_are_read_for_whichever_thread_trains(tmp_
 
     with Monitor(model, optimizer, record=record, gpu="none") as mon:
         for _epoch in range(2):
-            trainer = threading.Thread(target=train, args=(mon, 25))
+            trainer = threading.Thread(target=train, args=(mon, 50))
             trainer.start()
             trainer.join()
     metrics = [m for m in of_type(read_messages(record), "metrics")]
@@ -139,9 +139,11 @@ def test_memory_and_the_wait_for_a_cpu_are_read_for_whichever_thread_trains(tmp_
         assert waits == {}, "no scheduler statistics here: no metric"
         return
     assert all(0.0 <= share <= 1.0 for share in waits.values())
-    # Each epoch lasts 0.5 s or more (25 steps, 20 ms pauses): a reading every 0.1 s, not every step.
-    assert 2 <= sum(step <= 25 for step in waits) <= 12
-    assert 2 <= sum(step > 25 for step in waits) <= 12, "the second trainer thread is read too"
+    # Each epoch lasts 1 s or more (50 steps, 20 ms pauses): a reading every 0.1 s, not every step.
+    # (At 25 steps a loaded CI machine once read the second thread only once: the step worker reads
+    # the thread when it handles its steps, every 0.1 s, and by then the thread may have ended.)
+    assert 2 <= sum(step <= 50 for step in waits) <= 20
+    assert 2 <= sum(step > 50 for step in waits) <= 20, "the second trainer thread is read too"
     assert sum("host_mem_bytes" in m["metrics"] for m in metrics) >= 8
 
 
