@@ -53,6 +53,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
+from blocks import arms, pair_ratio
 from helpers import tiny_lm  # the tests' model and data (tests/helpers/tiny_lm.py)
 from helpers.tiny_lm import LmRows
 
@@ -250,16 +251,15 @@ def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int)
     ratios: list[float] = []
     cpu_ratios: list[float] = []
     for repeat in range(repeats):
-        arms = (False, True) if repeat % 2 == 0 else (True, False)
-        pair: dict[bool, float] = {}
+        step_times: dict[bool, list[float]] = {}
         cpu: dict[bool, float] = {}
-        for monitored in arms:
+        for monitored in arms(repeat):
             run = timed_run(framework, steps, monitored, warmup, threads)
-            pair[monitored] = statistics.fmean(run.step_times)
+            step_times[monitored] = run.step_times
             cpu[monitored] = run.cpu_s
-            means[monitored].append(pair[monitored])
+            means[monitored].append(statistics.fmean(run.step_times))
             fixed[monitored].append(run.fixed_s)
-        ratios.append(pair[True] / pair[False])
+        ratios.append(pair_ratio(step_times[True], step_times[False]))
         cpu_ratios.append(cpu[True] / cpu[False])
     return {
         "without_ms": statistics.median(means[False]) * 1e3,

@@ -253,7 +253,7 @@ def _own_seconds(mon: Monitor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a third of the rounds (~1.5 min, not ~4)")
+    parser.add_argument("--quick", action="store_true", help="a third of the rounds (~3 min, not ~6)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the models train (default cpu; cuda: the GPU sizes, see above)")
