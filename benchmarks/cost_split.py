@@ -11,10 +11,15 @@ monitored step it splits the cost into:
 - ``step()``: the median time inside ``mon.step()`` on the training thread;
 - ``hooks``: time the per-layer sampler's and the invariant checker's hooks took on the training
   thread (forward, backward and optimizer hooks; their own meters), per step;
-- ``rest``: what is left of (monitored - bare) mean step time after those two (the mean call):
-  the training thread's loss to the background threads (waiting for the GIL while one of them
-  holds it, caches they evict) and to the watched torch calls (the loss's wrapper). CPython keeps
-  no count of GIL waits, so this is the residual, not a direct reading;
+- ``waits``: how much longer per step the training thread was off its CPU (monitored - bare:
+  block wall time less the thread's own CPU time, ``time.thread_time``), i.e. waiting for the GIL
+  while a background thread holds it, or for a core the background threads took. CPython counts
+  no GIL waits, but a thread that waits for it sleeps, so its CPU clock stops while its wall clock
+  runs; the bare blocks' own off-CPU time (a few µs a step) is the baseline;
+- ``cpu``: how much more CPU per step the training thread used beyond ``step()`` (the mean call)
+  and ``hooks``: torch's own work slowed by the Monitor (caches its threads evict, torch's slower
+  call path for hooked modules, the watched torch calls such as the loss's wrapper). So the
+  monitored step's extra time is ``step()`` (mean) + ``hooks`` + ``cpu`` + ``waits``;
 - per background thread (``worker``: the step worker, which runs the detectors and assembles
   messages; ``sender``: encoding, sending, recording; ``gpu``: the GPU sampler; ``watchdog``), its
   CPU time per step, read from Linux's per-thread ``schedstat`` (publisher/threads/thread_usage.py);
@@ -151,11 +156,13 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
             steps_per_block = block_steps(plain.step)
             own_before, threads_before = _own_seconds(mon), thread_cpu_ns()
             times: dict[bool, list[float]] = {False: [], True: []}
+            off_cpu = {False: 0.0, True: 0.0}  # seconds the training thread was not running
             calls: list[float] = []
             ratios: list[float] = []
             for index in range(rounds):
                 block: dict[bool, list[float]] = {False: [], True: []}
                 for monitored in arms(index):
+                    block_started, cpu_started = time.perf_counter(), time.thread_time()
                     for _ in range(steps_per_block):
                         started = time.perf_counter()
                         loss = (watched if monitored else plain).step()
@@ -164,6 +171,8 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
                             mon.step(loss)
                             calls.append(time.perf_counter() - called)
                         block[monitored].append(time.perf_counter() - started)
+                    off_cpu[monitored] += (time.perf_counter() - block_started
+                                           - (time.thread_time() - cpu_started))
                 times[False] += block[False]
                 times[True] += block[True]
                 ratios.append(pair_ratio(block[True], block[False]))
@@ -174,11 +183,13 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
             mon.close()
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
     bare, with_monitor = statistics.fmean(times[False]), statistics.fmean(times[True])
+    waits = (off_cpu[True] - off_cpu[False]) / steps
     return plain.name, {
             "bare_ms": bare * 1e3, "with_ms": with_monitor * 1e3, "ratio": statistics.median(ratios),
             **dict(zip(("q1", "q3"), statistics.quantiles(ratios, n=4)[::2], strict=True)),
             "call_us": statistics.median(calls) * 1e6, "hooks_us": hooks * 1e6,
-            "rest_us": (with_monitor - bare - statistics.fmean(calls) - hooks) * 1e6,
+            "cpu_us": (with_monitor - bare - statistics.fmean(calls) - hooks - waits) * 1e6,
+            "waits_us": waits * 1e6,
             **{f"{role}_us": value for role, value in threads.items()}}
 
 
@@ -208,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
           "step() call, means for the rest (step times, hooks, threads); a live viewer subscribed; one "
           f"sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the median of the "
           "rounds' ratios, whose middle half is q1-q3: on a shared machine read it as a band")
-    columns = ("bare", "with", "ratio", "step()", "hooks", "rest", "worker", "sender", "gpu", "watchdog")
+    columns = ("bare", "with", "ratio", "step()", "hooks", "cpu", "waits", "worker", "sender", "gpu",
+               "watchdog")
     header = (f"{'model':<15}" + "".join(f"{name:>9}" for name in columns[:3]) + f"{'rounds q1-q3':>14}"
               + "".join(f"{name:>9}" for name in columns[3:]))
     print(header)
@@ -218,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
         print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}"
               + "".join(f"{r[key]:>7.1f}us" for key in (
-                  "call_us", "hooks_us", "rest_us", "worker_us", "sender_us", "gpu_us", "watchdog_us")),
+                  "call_us", "hooks_us", "cpu_us", "waits_us", "worker_us", "sender_us", "gpu_us",
+                  "watchdog_us")),
               flush=True)
     return 0
 

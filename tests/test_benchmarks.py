@@ -48,14 +48,33 @@ def test_the_scale_benchmark_names_the_rank_outside_the_collective_and_blames_no
     assert "run_starts at the root: 8 of 8" in done.stdout
 
 
+def test_the_gil_share_benchmark_runs_the_same_work_in_a_thread_and_in_a_process() -> None:
+    """`gil_share.py`: a row per arm, each with the background work's CPU measured (a server process
+    that never started its work, or a thread that never ran, would read 0 and the comparison
+    would be empty)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gil_share.py"), "--rounds", "2",
+                           "--passes", "30"], capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    rows = {line[:18].strip(): line for line in done.stdout.splitlines()
+            if line.startswith(("thread", "process"))}
+    assert set(rows) == {"thread", "thread, yielding", "process"}, done.stdout
+    for arm, row in rows.items():
+        background_us = float(re.findall(r"(-?[\d.]+)us", row)[2])
+        assert background_us > 0, (arm, done.stdout)
+
+
 def test_the_cost_split_benchmark_reads_every_background_thread() -> None:
     """`cost_split.py` on the small MLP: a row whose step() and worker/sender CPU are measured (a
-    thread renamed in the publisher would read 0 here, and the split would silently lose it)."""
+    thread renamed in the publisher would read 0 here, and the split would silently lose it), a
+    value under every column of the header."""
     script = ROOT / "benchmarks" / "cost_split.py"
-    done = subprocess.run([sys.executable, str(script), "--quick", "--models", "mlp"],
+    done = subprocess.run([sys.executable, str(script), "--rounds", "2", "--models", "mlp"],
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr
-    row = next(line for line in done.stdout.splitlines() if line.startswith("MLP"))
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("model")).split()
+    row = next(line for line in lines if line.startswith("MLP"))
     values = [float(v) for v in re.findall(r"(-?[\d.]+)(?:us|ms)", row)]
-    step_call, worker, sender = values[2], values[5], values[6]
-    assert step_call > 0 and worker > 0 and sender > 0, row
+    timed = dict(zip([name for name in header if name not in ("model", "ratio", "rounds", "q1-q3")],
+                     values, strict=True))
+    assert timed["step()"] > 0 and timed["worker"] > 0 and timed["sender"] > 0, row
