@@ -4,8 +4,8 @@ On an accelerator a look is queued on the tensors' own device (a handful of redu
 class-index targets one ``index_add_`` of ones into a histogram, the way the label prior is
 counted) and all of it comes back to the host in one non-blocking copy, read when it has landed
 (its CUDA event is polled, never waited on). On the CPU the same reductions would run on the
-training thread, inside the loss call: about twenty small torch operations, 0.35-0.4 ms on this
-project's busy 2-core machine, ~25 us a step on a 2 ms step at one look in 16 calls (issue 23).
+training thread, inside the loss call: a dozen small torch operations (about twenty, 0.35-0.4 ms
+on this project's busy 2-core machine, before issue 23 made the device compute only extremes).
 There the look keeps the tensors instead (the input's sampled rows, copied only when they are a
 sample of a bigger tensor, and the target by reference) and the step worker measures them when it
 reads the look, with the same code; a target refilled in place before then (a hand-made loop
@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,8 @@ import torch
 #: Class counts up to which the labels of a class-index target are counted (a histogram of C + 1
 #: numbers comes back with the look; a vocabulary of 50,000 tokens is not a label set worth it).
 MAX_COUNTED_CLASSES = 4096
-#: Numbers a look keeps of one tensor: min, max, max |row sum - 1|, max |row logsumexp|.
-STATS = 4
+#: Losses whose input is log-probabilities: their rows' logsumexp is read too.
+_LOG_INPUTS = ("nll_loss", "kl_div")
 #: Values of a tensor a look reads at most: evenly spaced rows (whole rows, so that their sums mean
 #: something) of a bigger one. A language model's (tokens, 50,000) logits in bf16 are read one
 #: row in each stride, not copied whole to float32 (gigabytes, on the device that trains).
@@ -132,17 +133,35 @@ class PendingLook:
         meta = self._meta
         host = self._host if self._tensors is None else _measure(meta, *self._tensors)
         assert host is not None
-        values = host.tolist()
-        target = _stats(meta["target_shape"], meta["target_dtype"], values[STATS:2 * STATS]) \
+        values = iter(host.tolist())
+        row_dim = _row_dim(meta)
+        input_stats = _stats(values, meta["input_shape"], meta["input_dtype"], row_dim,
+                             meta["function"] in _LOG_INPUTS)
+        target = _stats(values, meta["target_shape"], meta["target_dtype"], row_dim, False) \
             if meta["target_stats"] else None
-        labels = tuple(int(v) for v in values[2 * STATS:]) if meta["counted"] else None
-        return LossLook(meta["function"], _stats(meta["input_shape"], meta["input_dtype"], values[:STATS]),
-                        target, meta["target_shape"], meta["target_dtype"], meta["log_target"],
-                        meta["classes"], labels, meta["per_example"], meta["site"], meta["made_by"])
+        labels = tuple(int(v) for v in values) if meta["counted"] else None
+        return LossLook(meta["function"], input_stats, target, meta["target_shape"], meta["target_dtype"],
+                        meta["log_target"], meta["classes"], labels, meta["per_example"], meta["site"],
+                        meta["made_by"])
 
 
-def _stats(shape: tuple[int, ...], dtype: str, values: list[float]) -> TensorStats:
-    return TensorStats(shape, dtype, *values)
+def _stats(values: Iterator[float], shape: tuple[int, ...], dtype: str, row_dim: int | None,
+           logsumexp: bool) -> TensorStats:
+    """A tensor's :class:`TensorStats` from the next of its look's numbers, in :func:`_extremes`'
+    order: the distances of the module's docstring are taken here, on the host, from the extremes
+    of the row sums and logsumexps (a distance from a point is largest at one of the extremes)."""
+    low, high = next(values), next(values)
+    rows = row_dim is not None and len(shape) > 0
+    sums = _farthest(next(values), next(values), 1.0) if rows else math.nan
+    lse = _farthest(next(values), next(values), 0.0) if rows and logsumexp else math.nan
+    return TensorStats(shape, dtype, low, high, sums, lse)
+
+
+def _farthest(low: float, high: float, centre: float) -> float:
+    """The largest distance from ``centre`` of values between ``low`` and ``high`` (NaN if either is)."""
+    if math.isnan(low) or math.isnan(high):
+        return math.nan
+    return max(abs(low - centre), abs(high - centre))
 
 
 def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> PendingLook:
@@ -171,30 +190,41 @@ def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> P
 
 
 def _measure(meta: dict[str, Any], rows: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
-    """A look's numbers as one float32 tensor on the input's device: the input's four, the
-    target's four (NaN unless it holds floats), then the label counts where they are counted."""
-    function, classes = meta["function"], meta["classes"]
-    row_dim = None if function == "binary_cross_entropy_with_logits" else (1 if classes else -1)
-    parts = [_numbers(rows, row_dim, function in ("nll_loss", "kl_div"))]
+    """A look's numbers as one float32 tensor on the input's device: the input's extremes
+    (:func:`_extremes`), the target's where it holds floats, then the label counts where they are
+    counted; :meth:`PendingLook.read` turns them into the module docstring's numbers on the host.
+    A classifier's look is thirteen small operations (it was twenty-three, with the distances taken
+    on the device: issue 23)."""
+    row_dim = _row_dim(meta)
+    numbers = _extremes(rows, row_dim, meta["function"] in _LOG_INPUTS)
     if meta["target_stats"] and target is not None:
-        parts.append(_numbers(target, row_dim, False))
-    else:
-        parts.append(torch.full((STATS,), math.nan, device=rows.device))
+        numbers += _extremes(_rows(target), row_dim, False)
+    values = torch.stack(numbers)
     if meta["counted"] and target is not None:
-        parts.append(_histogram(target, classes).to(torch.float32))
-    return torch.cat(parts)
+        return torch.cat([values, _histogram(target, meta["classes"])])
+    return values
 
 
-def _numbers(tensor: torch.Tensor, row_dim: int | None, logsumexp: bool) -> torch.Tensor:
-    """The four numbers of the module's docstring, as one float32 tensor on the tensor's device
-    (the logsumexp only when asked)."""
-    values = _rows(tensor.detach()).float()
-    low, high = values.aminmax()
-    nan = torch.full((), math.nan, device=values.device)
+def _row_dim(meta: dict[str, Any]) -> int | None:
+    """The distribution dimension a look reads rows along: the class dimension of
+    ``cross_entropy``/``nll_loss``, the last of ``kl_div``; None for a loss that reads its input
+    element by element (``binary_cross_entropy_with_logits``)."""
+    if meta["function"] == "binary_cross_entropy_with_logits":
+        return None
+    return 1 if meta["classes"] else -1
+
+
+def _extremes(tensor: torch.Tensor, row_dim: int | None, logsumexp: bool) -> list[torch.Tensor]:
+    """A tensor's smallest and largest value and, where it has rows, the smallest and largest row
+    sum and (when asked) row logsumexp, as float32 scalars on its device."""
+    values = tensor.float()
+    numbers = list(values.aminmax())
     if row_dim is None or values.ndim == 0:
-        return torch.stack([low, high, nan, nan])
-    sums = (values.sum(row_dim) - 1).abs().amax()
-    return torch.stack([low, high, sums, values.logsumexp(row_dim).abs().amax() if logsumexp else nan])
+        return numbers
+    numbers += values.sum(row_dim).aminmax()
+    if logsumexp:
+        numbers += values.logsumexp(row_dim).aminmax()
+    return numbers
 
 
 def _rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -208,12 +238,13 @@ def _rows(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _histogram(target: torch.Tensor, classes: int) -> torch.Tensor:
-    """How many labels of each class, and (last) outside [0, C). Not ``bincount``, nor a boolean
-    mask: both need the result's size on the host, a device synchronisation."""
-    labels = target.detach().reshape(-1).long()
-    labels = labels.masked_fill((labels < 0) | (labels >= classes), classes)
-    counts = torch.zeros(classes + 1, dtype=torch.long, device=labels.device)
-    return counts.index_add_(0, labels, torch.ones_like(labels))
+    """How many labels of each class, and (last) outside [0, C), in float32. Labels are clamped to
+    [-1, C] and -1 taken modulo C + 1, so that every outside label lands at index C. Not
+    ``bincount``, nor a boolean mask: both need the result's size on the host, a device
+    synchronisation."""
+    labels = target.reshape(-1).long().clamp(-1, classes).remainder(classes + 1)
+    counts = torch.zeros(classes + 1, device=labels.device)
+    return counts.index_add_(0, labels, torch.ones(labels.shape, device=labels.device))
 
 
 def maker(tensor: torch.Tensor, hops: int = 6) -> str | None:

@@ -52,7 +52,7 @@ COUNTED_CALLS = 48
 EAGER_LABELS = 1400
 EAGER_CALLS = 512
 #: Then a loss is looked at once in this many of its calls: a look costs the loss call its call
-#: site, its input's maker and, on an accelerator, about twenty small queued operations and a
+#: site, its input's maker and, on an accelerator, about a dozen small queued operations and a
 #: copy (on the CPU those run on the step worker: :mod:`publisher.patches.loss_look`); on this
 #: project's busy 2-core machine ~75 us a look on the training thread (~0.36 ms when the CPU's
 #: were measured there), so ~5 us a call, and a bug that starts later (the sorted part of a
