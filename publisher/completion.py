@@ -67,6 +67,10 @@ class StepCompletion:
         return FinishedStep(readings.step, metrics, grad_norms, layout, sample_arrays, readings.batches,
                             looks)
 
+    def close(self) -> None:
+        """After the last step: the training thread's statistics file is closed."""
+        self._cpu_wait.close()
+
     def _timing(self, readings: StepReadings) -> None:
         """Step time and throughput since the previous step, the data wait, the compute time."""
         metrics = readings.metrics

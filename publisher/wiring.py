@@ -120,7 +120,8 @@ class MonitorParts:
     def closers(self, status: str, error: str | None) -> list[Callable[[], None]]:
         """What closing does, in order: stop the hang watchdog (closing is no stall), settle the
         invariants' verdicts in flight, stop sampling, publish the steps still queued (the
-        detectors see them), send held-back event counts, then ``run_end``."""
+        detectors see them), close what completing them kept open, send held-back event counts,
+        then ``run_end``."""
         return [
             action for action in (
                 self.watchdog.stop,
@@ -129,6 +130,7 @@ class MonitorParts:
                 self.sampler.stop if self.sampler else None,
                 self.gpu_source.close if self.gpu_source else None,
                 self.worker.close,
+                self.completion.close,
                 self.reporter.detectors.close,
                 lambda: self.publisher.close(status=status, error=error),
             ) if action is not None

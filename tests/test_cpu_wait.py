@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -75,3 +76,34 @@ def test_a_thread_that_ended_gives_no_reading_and_its_successor_starts_afresh() 
     watched[0] = me
     assert wait.read(2.0) == {}, "the first reading of a thread is its baseline"
     assert 0.0 <= wait.read(3.0)["cpu_wait"] <= 1.0
+
+
+def _open_schedstat_files() -> set[str]:
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return {name for name in names if name.endswith("/schedstat")}
+
+
+def test_a_thread_that_ends_while_its_statistics_are_open_is_not_read_again_and_close_closes_them() -> None:
+    """The statistics file stays open between readings (a ``pread`` each): a thread that ends then
+    gives no reading, and does not switch the readings off for the thread that follows."""
+    already_open = _open_schedstat_files()
+    release = threading.Event()
+    trainer = threading.Thread(target=release.wait)
+    trainer.start()
+    watched = [trainer.native_id]
+    wait = CpuWait(lambda: watched[0])
+    assert wait.read(1.0) == {}
+    assert 0.0 <= wait.read(2.0)["cpu_wait"] <= 1.0
+    kept = {f"/proc/{os.getpid()}/task/{trainer.native_id}/schedstat"}
+    assert _open_schedstat_files() - already_open == kept, "kept open between readings"
+    release.set()
+    trainer.join()
+    assert wait.read(3.0) == {}, "an ended thread"
+    watched[0] = threading.get_native_id()
+    assert wait.read(4.0) == {}
+    assert 0.0 <= wait.read(5.0)["cpu_wait"] <= 1.0, "its successor is read"
+    wait.close()
+    assert _open_schedstat_files() <= already_open
