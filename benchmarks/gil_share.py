@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="rounds of one block per arm (default 12)")
     parser.add_argument("--passes", type=int, default=60,
-                        help="detector-suite passes per 0.1 s (default 60: ~50-80 us of CPU a MLP step here)")
+                        help="detector-suite passes per 0.1 s (default 60: ~45 us of CPU a MLP step here)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the process arm's side
     args = parser.parse_args(argv)
     work = Work(args.passes)
