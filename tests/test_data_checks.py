@@ -6,6 +6,7 @@ on the CPU, the Monitor's recording read back."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -424,14 +425,29 @@ def test_the_watched_losses_return_what_torch_returns_and_out_of_range_labels_st
         torch_calls.unwatch(watch)
 
 
-def test_after_the_first_calls_a_loss_is_looked_at_once_in_sixteen() -> None:
+def test_after_the_first_calls_a_loss_is_looked_at_once_in_sixteen_where_calls_leave_time() -> None:
     logits = trained_logits(64)
     labels = torch.randint(0, 10, (64,))
-    looks = looks_of(*[lambda: F.cross_entropy(logits, labels)] * (torch_calls.COUNTED_CALLS + 16 * 10))
-    assert len(looks) == torch_calls.COUNTED_CALLS + 10
+
+    def call_of_a_slower_step() -> torch.Tensor:
+        time.sleep(0.03)  # a look (well under a millisecond) is then far below its share of a call
+        return F.cross_entropy(logits, labels)
+
+    eager = [lambda: F.cross_entropy(logits, labels)] * torch_calls.COUNTED_CALLS
+    looks = looks_of(*eager, *[call_of_a_slower_step] * (16 * 4))
+    assert len(looks) == torch_calls.COUNTED_CALLS + 4
     small = torch.randint(0, 10, (2,))
     tiny = looks_of(*[lambda: F.cross_entropy(logits[:2], small)] * (torch_calls.EAGER_CALLS + 16))
     assert len(tiny) == torch_calls.EAGER_CALLS + 1, "tiny batches: every one of the first 512 calls"
+
+
+def test_looks_come_further_apart_where_they_cost_more_than_their_share_of_the_time_between_calls() -> None:
+    """Calls back to back (a step of microseconds): a look costs far more than LOOK_BUDGET of the
+    time between two calls, so after the first looks they are spaced out beyond one in sixteen."""
+    logits = trained_logits(64)
+    labels = torch.randint(0, 10, (64,))
+    looks = looks_of(*[lambda: F.cross_entropy(logits, labels)] * (torch_calls.COUNTED_CALLS + 16 * 10))
+    assert torch_calls.COUNTED_CALLS + 1 <= len(looks) < torch_calls.COUNTED_CALLS + 10
 
 
 def label_looks(batches: Iterable[torch.Tensor], classes: int = 10) -> list[LossLook]:

@@ -102,11 +102,13 @@ class PendingLook:
     """A look whose numbers are on their way to the host (:meth:`landed` says when to read them),
     or, on the CPU, whose tensors wait to be measured by :meth:`read`."""
 
-    __slots__ = ("_event", "_host", "_meta", "_tensors")
+    __slots__ = ("_event", "_host", "_meta", "_tensors", "cost_s")
 
     def __init__(self, meta: dict[str, Any], values: torch.Tensor | None = None,
                  tensors: tuple[torch.Tensor, Any] | None = None) -> None:
         self._meta = meta
+        #: Seconds the look took on the training thread (its reading on the host adds to them).
+        self.cost_s = 0.0
         self._event: Any = None
         self._tensors = tensors  # (input rows, target): measured when read
         self._host: torch.Tensor | None = None

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -38,6 +39,7 @@ from typing import Any
 
 import torch
 
+from publisher.measure.budget import CostBudget
 from publisher.patches.loss_look import LossLook, PendingLook, look
 
 #: The losses looked at: those that take logits, log-probabilities or probabilities.
@@ -51,13 +53,20 @@ COUNTED_CALLS = 48
 #: until they are in, for at most :data:`EAGER_CALLS` calls (tiny batches).
 EAGER_LABELS = 1400
 EAGER_CALLS = 512
-#: Then a loss is looked at once in this many of its calls: a look costs the loss call its call
-#: site, its input's maker and, on an accelerator, about a dozen small queued operations and a
+#: Then a loss is looked at once in this many of its calls at most: a look costs the loss call its
+#: call site, its input's maker and, on an accelerator, about a dozen small queued operations and a
 #: copy (on the CPU those run on the step worker: :mod:`publisher.patches.loss_look`); on this
 #: project's busy 2-core machine ~75 us a look on the training thread (~0.36 ms when the CPU's
 #: were measured there), so ~5 us a call, and a bug that starts later (the sorted part of a
 #: stream) is seen within a few hundred steps.
 LOOK_EVERY = 16
+#: Share of the time between two calls of a loss that its looks may cost on average (on the
+#: training thread and on the step worker together): where a look costs more than that once in
+#: :data:`LOOK_EVERY` calls, looks come further apart, as the Monitor's other measurements do
+#: (:mod:`publisher.measure.budget`). On a CPU a look of a ~1 ms MLP's loss cost the step worker
+#: ~0.27 ms (~17 us a step once in 16), and the step worker's Python is paid by the training
+#: thread about twice over, in waits for the GIL (issue 23, ``benchmarks/gil_share.py``).
+LOOK_BUDGET = 0.0025
 #: Looks a watch keeps until its owner takes them.
 _KEPT_LOOKS = 1024
 #: Gradients probed, and values probed in each, to tell whether ``clip_grad_value_`` saw only zeros.
@@ -68,8 +77,14 @@ PROBED = 16
 _watches: tuple[weakref.ref[CallWatch], ...] = ()
 _install_lock = threading.Lock()
 _installed = False
-#: Calls of each watched loss left before its next look (:data:`LOOK_EVERY`).
+#: Calls of each watched loss left before its next look (:data:`LOOK_EVERY`, or more: :data:`LOOK_BUDGET`).
 _quiet_calls: dict[str, int] = dict.fromkeys(WATCHED_LOSSES, 0)
+#: What a look at each watched loss costs, and so how many calls apart its looks come.
+_look_budgets: dict[str, CostBudget] = {
+    name: CostBudget(LOOK_BUDGET, every=LOOK_EVERY, what="LOOK_BUDGET") for name in WATCHED_LOSSES}
+#: When each watched loss was last looked at (``time.perf_counter``), and the calls since then it
+#: was left for: the time between two calls, read at a look without timing every call.
+_last_look: dict[str, tuple[float, int]] = {}
 
 
 class CallWatch:
@@ -120,7 +135,9 @@ class CallWatch:
         """A look taken by :meth:`take_looks`, read (on the CPU: measured) off the training thread.
         The labels of the first :data:`COUNTED_CALLS` looks of the current class count make the
         label prior, told to the owner once known."""
+        started = time.perf_counter()
         found = pending.read()
+        _look_budgets[found.function].charge(pending.cost_s + time.perf_counter() - started)
         if found.labels is not None:
             self._labels += sum(found.labels[:-1]) if found.per_example else 0
             self._count(found)
@@ -158,6 +175,7 @@ def watch(on_classes: Callable[[int, float | None], None]) -> CallWatch:
     with _install_lock:
         _watches = (*_watches, weakref.ref(call_watch))
         _quiet_calls.update(dict.fromkeys(WATCHED_LOSSES, 0))  # the new watch sees the next calls
+        _last_look.clear()  # and the time between calls is measured afresh after its first looks
     return call_watch
 
 
@@ -268,9 +286,22 @@ def _look(name: str, input: torch.Tensor, target: Any, log_target: bool) -> None
     metric. The next call is looked at too while a watch is :attr:`~CallWatch.eager`."""
     if not isinstance(input, torch.Tensor) or not input.requires_grad:
         return
+    started = time.perf_counter()
     pending = look(name, input, target, bool(log_target))
+    pending.cost_s = time.perf_counter() - started
     watches = _live_watches()
     for call_watch in watches:
         call_watch.saw(pending)
     if not any(call_watch.eager for call_watch in watches):
-        _quiet_calls[name] = LOOK_EVERY - 1
+        _quiet_calls[name] = _next_gap(name, started) - 1
+
+
+def _next_gap(name: str, now: float) -> int:
+    """Calls of ``name`` from this look to the next: :data:`LOOK_EVERY`, or more where its looks
+    cost more than :data:`LOOK_BUDGET` of the time between calls (measured over the calls since
+    the previous look, so a pause between them makes looks more frequent, never rarer)."""
+    previous = _last_look.get(name)
+    call_s = (now - previous[0]) / previous[1] if previous is not None else None
+    gap = _look_budgets[name].gap(call_s)
+    _last_look[name] = (now, gap)
+    return gap
