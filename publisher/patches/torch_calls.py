@@ -135,9 +135,11 @@ class CallWatch:
         """A look taken by :meth:`take_looks`, read (on the CPU: measured) off the training thread.
         The labels of the first :data:`COUNTED_CALLS` looks of the current class count make the
         label prior, told to the owner once known."""
-        started = time.perf_counter()
+        # The reading's CPU time, not its wall time: a reading on the step worker waits for the GIL
+        # while the training thread runs, which is not the reading's cost.
+        started = time.thread_time()
         found = pending.read()
-        _look_budgets[found.function].charge(pending.cost_s + time.perf_counter() - started)
+        _look_budgets[found.function].charge(pending.cost_s + time.thread_time() - started)
         if found.labels is not None:
             self._labels += sum(found.labels[:-1]) if found.per_example else 0
             self._count(found)
