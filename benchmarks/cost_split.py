@@ -21,10 +21,13 @@ monitored step it splits the cost into:
   call path for hooked modules, the watched torch calls such as the loss's wrapper). So the
   monitored step's extra time is ``step()`` (mean) + ``hooks`` + ``cpu`` + ``waits``;
 - per background thread (``worker``: the step worker, which runs the detectors and assembles
-  messages; ``sender``: encoding, sending, recording; ``gpu``: the GPU sampler; ``watchdog``), its
-  CPU time per step, read from Linux's per-thread ``schedstat`` (publisher/threads/thread_usage.py);
-  the header says what one sleep-and-wake of a thread costs on the machine (:func:`wake_cpu_us`),
-  a floor of those columns where wakes are dear.
+  messages; ``link``: hands the queued messages to the publisher's process, one frame per hand-off;
+  ``gpu``: the GPU sampler; ``watchdog``), its CPU time per step, read from Linux's per-thread
+  ``schedstat`` (publisher/threads/thread_usage.py); the header says what one sleep-and-wake of a
+  thread costs on the machine (:func:`wake_cpu_us`), a floor of those columns where wakes are dear;
+- ``process``: the publisher's own process (publisher/wire/sidecar.py: numbering, encoding,
+  sending, recording), its CPU time per step, all its threads: on another core, outside the GIL
+  of the training process, so not time taken from training where a core is free.
 
 Models: ``mlp``, the ~1 ms two-hidden-layer MLP of overhead.py; ``deep``, 48 layers of 64 units
 (many small parameter tensors: what grows with the number of tensors shows here); ``gpt2``, the
@@ -61,7 +64,7 @@ from publisher.monitor import Monitor  # noqa: E402
 from publisher.readings.cpu_wait import schedstat  # noqa: E402
 
 #: Background threads, by the start of their names.
-THREADS = {"worker": "tuimon-steps", "sender": "tuimon-publisher", "gpu": "tuimon-gpu-sampler",
+THREADS = {"worker": "tuimon-steps", "link": "tuimon-publisher", "gpu": "tuimon-gpu-sampler",
            "watchdog": "tuimon-watchdog"}
 
 
@@ -138,6 +141,16 @@ def thread_cpu_ns() -> dict[str, int]:
     return totals
 
 
+def process_cpu_ns(pid: int) -> int:
+    """CPU time all threads of process ``pid`` have run (ns)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += schedstat(f"/proc/{pid}/task/{task}/schedstat")[0]
+    return total
+
+
 Build = Callable[[Callable[..., torch.Tensor]], Loop]
 
 
@@ -155,6 +168,7 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
                 mon.step(watched.step())
             steps_per_block = block_steps(plain.step)
             own_before, threads_before = _own_seconds(mon), thread_cpu_ns()
+            process_before = process_cpu_ns(mon.publisher.pid)
             times: dict[bool, list[float]] = {False: [], True: []}
             off_cpu = {False: 0.0, True: 0.0}  # seconds the training thread was not running
             calls: list[float] = []
@@ -180,6 +194,7 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
             hooks = (_own_seconds(mon) - own_before) / steps
             threads = {role: (ns - threads_before[role]) / steps / 1e3
                        for role, ns in thread_cpu_ns().items()}
+            threads["process"] = (process_cpu_ns(mon.publisher.pid) - process_before) / steps / 1e3
             mon.close()
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
     bare, with_monitor = statistics.fmean(times[False]), statistics.fmean(times[True])
@@ -197,7 +212,7 @@ def wake_cpu_us(sleeps: int = 25, sleep_s: float = 0.02) -> float:
     """CPU time one sleep-and-wake of a thread costs on this machine, in µs: the background
     threads wake every 0.1 s or so whatever the step rate, so on a machine where a wake is dear (a
     sandboxed kernel: ~90 µs here, against a few µs on bare Linux) that is a floor of the
-    ``worker`` and ``sender`` columns, on the other core, not time taken from training."""
+    ``worker`` and ``link`` columns, on the other core, not time taken from training."""
     started = time.thread_time()
     for _ in range(sleeps):
         time.sleep(sleep_s)
@@ -219,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
           "step() call, means for the rest (step times, hooks, threads); a live viewer subscribed; one "
           f"sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the median of the "
           "rounds' ratios, whose middle half is q1-q3: on a shared machine read it as a band")
-    columns = ("bare", "with", "ratio", "step()", "hooks", "cpu", "waits", "worker", "sender", "gpu",
-               "watchdog")
+    columns = ("bare", "with", "ratio", "step()", "hooks", "cpu", "waits", "worker", "link", "process",
+               "gpu", "watchdog")
     header = (f"{'model':<15}" + "".join(f"{name:>9}" for name in columns[:3]) + f"{'rounds q1-q3':>14}"
               + "".join(f"{name:>9}" for name in columns[3:]))
     print(header)
@@ -230,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
         print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}"
               + "".join(f"{r[key]:>7.1f}us" for key in (
-                  "call_us", "hooks_us", "cpu_us", "waits_us", "worker_us", "sender_us", "gpu_us",
+                  "call_us", "hooks_us", "cpu_us", "waits_us", "worker_us", "link_us", "process_us", "gpu_us",
                   "watchdog_us")),
               flush=True)
     return 0

@@ -12,8 +12,9 @@ operations per step, then hands the step's readings (:class:`~publisher.readings
 to the step worker's thread (:mod:`publisher.threads.step_worker`). Everything it feeds is built
 in :mod:`publisher.wiring`: completing the step's metrics (:mod:`publisher.completion`),
 publishing it and showing it to the detectors (:mod:`publisher.reporter`) run on the step
-worker's thread, encoding, sending and recording on the publisher's, GPU polling on the
-sampler's. On CUDA the step's numbers reach the host through
+worker's thread, numbering, encoding, sending and recording in the publisher's own process
+(:mod:`publisher.wire.sidecar`, handed the messages once per hand-off period), GPU polling on the
+sampler's thread. On CUDA the step's numbers reach the host through
 one asynchronous copy (:mod:`publisher.measure.fetch`): no host-device synchronisation per step.
 Every few steps a per-layer sample (:mod:`publisher.stats.sampler`) rides along; the training
 invariants (:mod:`publisher.invariants`) watch the optimizers through their hooks. Telemetry must

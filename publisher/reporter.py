@@ -36,6 +36,7 @@ from publisher.threads.gpu import GpuSource
 from publisher.wire.event_kinds import EVENT_KINDS
 from publisher.wire.jsonsafe import json_safe, truncate
 from publisher.wire.protocol import SEVERITIES, wire_numbers
+from publisher.wire.sidecar_link import SidecarPublisher
 from publisher.wire.transport import Publisher
 from publisher.wire.validation import MAX_NAME_CHARS
 
@@ -73,7 +74,7 @@ class Reporter:
 
     def __init__(
         self,
-        publisher: Publisher,
+        publisher: Publisher | SidecarPublisher,
         errors: TelemetryErrors,
         detectors: Iterable[Detector],
         *,

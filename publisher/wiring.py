@@ -1,9 +1,9 @@
 """``MonitorParts``: the collaborators of a :class:`~publisher.monitor.Monitor`, built in order.
 
 A Monitor is a thin façade over the training thread's reads (:mod:`publisher.monitor`); what it
-feeds is built here: the publisher (socket, recording, registry), the GPU source and its sampler
-thread, the reporter and its detectors (:mod:`publisher.reporter`, which publishes what the run
-says), the step worker thread and what it completes each step with (:mod:`publisher.completion`),
+feeds is built here: the publisher (its own process: socket, recording, registry), the GPU source
+and its sampler thread, the reporter and its detectors (:mod:`publisher.reporter`, which publishes
+what the run says), the step worker thread and what it completes each step with (:mod:`publisher.completion`),
 the layer sampler, the invariant checker and the hang watchdog
 (whose readings ride on the publisher's heartbeats, and whose verdicts become events:
 :mod:`publisher.detectors.stall_events`). Building them is order-sensitive
@@ -34,7 +34,7 @@ from publisher.telemetry_errors import TelemetryErrors
 from publisher.threads.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
 from publisher.threads.step_worker import StepWorker
 from publisher.threads.watchdog import HangWatchdog
-from publisher.wire.transport import Publisher
+from publisher.wire.sidecar_link import SidecarPublisher
 
 
 class MonitorParts:
@@ -72,8 +72,8 @@ class MonitorParts:
         # GPUs are the node's: only local rank 0 reads them.
         self.gpu_source: GpuSource | None = open_gpu_source(gpu) if local_rank() == 0 else None
         try:
-            self.publisher = Publisher(run, rank, endpoint=endpoint, record=record,
-                                       heartbeat_extra=self.watchdog.heartbeat_fields)
+            self.publisher = SidecarPublisher(run, rank, endpoint=endpoint, record=record,
+                                              heartbeat_extra=self.watchdog.heartbeat_fields)
         except BaseException:
             if self.gpu_source is not None:
                 self.gpu_source.close()

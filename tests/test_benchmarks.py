@@ -64,9 +64,9 @@ def test_the_gil_share_benchmark_runs_the_same_work_in_a_thread_and_in_a_process
 
 
 def test_the_cost_split_benchmark_reads_every_background_thread() -> None:
-    """`cost_split.py` on the small MLP: a row whose step() and worker/sender CPU are measured (a
-    thread renamed in the publisher would read 0 here, and the split would silently lose it), a
-    value under every column of the header."""
+    """`cost_split.py` on the small MLP: a row whose step() and worker/link CPU and the publisher's
+    process's are measured (a thread renamed in the publisher would read 0 here, and the split
+    would silently lose it), a value under every column of the header."""
     script = ROOT / "benchmarks" / "cost_split.py"
     done = subprocess.run([sys.executable, str(script), "--rounds", "2", "--models", "mlp"],
                           capture_output=True, text=True, timeout=180, check=False)
@@ -77,4 +77,4 @@ def test_the_cost_split_benchmark_reads_every_background_thread() -> None:
     values = [float(v) for v in re.findall(r"(-?[\d.]+)(?:us|ms)", row)]
     timed = dict(zip([name for name in header if name not in ("model", "ratio", "rounds", "q1-q3")],
                      values, strict=True))
-    assert timed["step()"] > 0 and timed["worker"] > 0 and timed["sender"] > 0, row
+    assert timed["step()"] > 0 and timed["worker"] > 0 and timed["link"] > 0 and timed["process"] > 0, row

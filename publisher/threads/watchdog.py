@@ -14,8 +14,9 @@ its CPU time and I/O (:mod:`publisher.threads.thread_usage`), so that the first 
 threshold, already compares a few readings: blocked in one place with no CPU (stuck), working
 (busy), or waiting inside a collective (:func:`publisher.wire.stall.judge`, the one definition the
 relays and the viewer use too). Heartbeats carry the readings (:meth:`HangWatchdog.heartbeat_fields`,
-called on the publisher's thread); a listener (:class:`StallListener`, the stall events of
-:mod:`publisher.detectors.stall_events`) is told each verdict past the threshold, and when steps resume.
+called on the publisher's link thread, once per hand-off); a listener (:class:`StallListener`, the
+stall events of :mod:`publisher.detectors.stall_events`) is told each verdict past the threshold,
+and when steps resume.
 
 The threshold is :func:`publisher.wire.stall.threshold_s`: fixed (``after_s``) or
 ``max(floor, 10 x the typical step)``, the typical step being the median of the recent ones
@@ -177,7 +178,7 @@ class HangWatchdog:
         """Seconds without a step after which the training thread counts as stalled."""
         return stalls.threshold_s(self._timer.clock.seconds, self._after_s, floor_s=self._floor_s)
 
-    # -- the publisher's thread -------------------------------------------------------------------
+    # -- the publisher's link thread --------------------------------------------------------------
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What a heartbeat says about the training thread (docs/protocol.md): ``stalled_s`` and

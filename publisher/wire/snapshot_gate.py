@@ -1,16 +1,18 @@
 """Who gets a snapshot, and how often: the publisher's defence against whatever reaches its socket.
 
 A publisher's snapshot socket is open to every user of the node (and beyond, when bound off
-loopback). Serving it costs the training process CPU time, on the sender thread but under the
-same interpreter lock as training: a flood of junk frames measured 4-6x slower steps, a flood of
-valid requests (each answered with megabytes) 2x, and the backlog kept training 1.5x slower for a
-minute after the flood ended (benchmarks/flood.py). So the socket is read on a schedule, not on demand:
-at most :data:`FRAMES_PER_SERVE` frames every :data:`SERVE_INTERVAL_S` (the rest wait in
-ZeroMQ's small per-peer queues, which drop beyond their mark, in C), junk is refused by its length
-before any parsing, and replies are metered: per peer, overall, and in bytes per second
-(token buckets). A refused request gets no reply; the viewer shows the run live without history
-after its snapshot timeout, and asks again when it reconnects. Each connection is answered
-once (a viewer asks once, then disconnects), so a peer that keeps asking gets nothing more.
+loopback). When the publisher ran in the training process, serving it cost training CPU time, on
+the sender thread but under the same interpreter lock: a flood of junk frames measured 4-6x slower
+steps, a flood of valid requests (each answered with megabytes) 2x, and the backlog kept training
+1.5x slower for a minute after the flood ended (benchmarks/flood.py); a Monitor's publisher now
+runs in a process of its own (:mod:`publisher.wire.sidecar`), where a flood costs a core. So the
+socket is read on a schedule, not on demand: at most :data:`FRAMES_PER_SERVE` frames every
+:data:`SERVE_INTERVAL_S` (the rest wait in ZeroMQ's small per-peer queues, which drop beyond their
+mark, in C), junk is refused by its length before any parsing, and replies are metered: per peer,
+overall, and in bytes per second (token buckets). A refused request gets no reply; the viewer shows
+the run live without history after its snapshot timeout, and asks again when it reconnects. Each
+connection is answered once (a viewer asks once, then disconnects), so a peer that keeps asking
+gets nothing more.
 """
 
 from __future__ import annotations

@@ -118,7 +118,11 @@ class Publisher:
     something every second without a thread of their own (the hang watchdog's ``stalled_s`` and
     ``stack``). It must not block. Fields it returns that the heartbeat already has are ignored;
     if it raises, or its fields make the heartbeat unsendable, the heartbeat goes without them
-    and :attr:`heartbeat_extra_failures` counts it (the first is logged).
+    and :attr:`heartbeat_extra_failures` counts it (the first is logged); if it returns None, no
+    heartbeat goes this time (the process it speaks for has stopped answering: a publisher in a
+    process of its own, :mod:`publisher.wire.sidecar`, is as silent as a frozen one in-process).
+    ``registered_pid``: the process the registry entry names (default this one; the training
+    process, for a publisher that runs in a process of its own).
     """
 
     def __init__(
@@ -134,9 +138,10 @@ class Publisher:
         history_metrics: int = 10_000,
         heartbeat_s: float = 1.0,
         register: bool = True,
-        heartbeat_extra: Callable[[], Mapping[str, Any]] | None = None,
+        heartbeat_extra: Callable[[], Mapping[str, Any] | None] | None = None,
         keys: JobKeys | None = None,
         insecure: bool | None = None,
+        registered_pid: int | None = None,
     ) -> None:
         if heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s!r}")
@@ -158,6 +163,7 @@ class Publisher:
         self._history = SnapshotHistory(max_metrics=history_metrics)
         self._started = time.time()
         self._pid = os.getpid()
+        self._registered_pid = self._pid if registered_pid is None else registered_pid
 
         # Written by publishing threads (under the lock: drops only, the fast path takes none).
         self._drop_lock = threading.Lock()
@@ -247,7 +253,7 @@ class Publisher:
                 rank=self.rank,
                 host=self.host,
                 machine=machine_name(),
-                pid=self._pid,
+                pid=self._registered_pid,
                 pub=self._endpoint,
                 snapshot=self._snapshot_endpoint,
                 record=record,
@@ -302,19 +308,22 @@ class Publisher:
         with self._drop_lock:
             self._queue_dropped += 1
 
-    def publish(self, msg_type: str, step: int | None = None, **body: Any) -> None:
+    def publish(self, msg_type: str, step: int | None = None, *, ts: float | None = None,
+                **body: Any) -> None:
         """Queue one message; thread-safe, never blocks. Drops (and counts) it if the queue is full.
 
         ``body`` must be JSON-safe with non-finite numbers already in wire form
         (``protocol.wire_numbers``), and must not be mutated afterwards: it is encoded later, on
-        the sender thread. The envelope (run, rank, host, seq) is added there too.
+        the sender thread. The envelope (run, rank, host, seq) is added there too; ``ts``, when
+        the message was made (default: now; the training process's time where this publisher
+        runs in a process of its own, :mod:`publisher.wire.sidecar`).
         """
         if msg_type not in MESSAGE_TYPES:
             raise ValueError(f"unknown message type {msg_type!r}; expected one of {sorted(MESSAGE_TYPES)}")
         if self._closed or len(self._queue) >= self._queue_max:
             self.count_drop()
             return
-        self._queue.append((msg_type, step, time.time(), body))
+        self._queue.append((msg_type, step, time.time() if ts is None else ts, body))
 
     # --- sender thread -------------------------------------------------------------------------
 
@@ -408,8 +417,10 @@ class Publisher:
 
     def _emit_heartbeat(self) -> None:
         self._count_refusals()
-        body: dict[str, Any] = {"snapshot": self._snapshot_endpoint, "stats": self.stats()}
         extra = self._heartbeat_fields()
+        if extra is None:
+            return  # heartbeat_extra says the process it speaks for is not answering: no heartbeat
+        body: dict[str, Any] = {"snapshot": self._snapshot_endpoint, "stats": self.stats()}
         if extra:
             if self._emit("heartbeat", self._last_step, time.time(), {**body, **extra}):
                 return
@@ -436,12 +447,15 @@ class Publisher:
         if self._guard is not None:
             self._guard.stop()
 
-    def _heartbeat_fields(self) -> dict[str, Any]:
-        """The ``heartbeat_extra`` fields, without any the heartbeat sets itself; {} if it fails."""
+    def _heartbeat_fields(self) -> dict[str, Any] | None:
+        """The ``heartbeat_extra`` fields, without any the heartbeat sets itself; {} if it fails,
+        None if it says that no heartbeat is to go now."""
         if self._heartbeat_extra is None:
             return {}
         try:
             extra = self._heartbeat_extra()
+            if extra is None:
+                return None
             return {key: value for key, value in extra.items() if key not in _HEARTBEAT_OWN}
         except Exception as exc:
             self._extra_failed(exc)

@@ -1,0 +1,129 @@
+"""A Monitor's publisher runs in a process of its own (publisher/wire/sidecar.py): what a user sees of it.
+
+Real training processes (subprocesses running a Monitor), real ZeroMQ subscribers, real signals.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import zmq
+from helpers.publisher_client import Message, receive_until, subscribe
+from helpers.recordings import read_messages
+from helpers.waiting import wait_until
+
+from publisher.monitor import Monitor
+from publisher.wire import registry
+
+TRAINING = """
+import sys, time, torch
+from publisher.monitor import Monitor
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+mon = Monitor(model, optimizer, run="sidecar", record=sys.argv[1], gpu="none")
+print(mon.endpoint, flush=True)
+step = 0
+while True:
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); optimizer.step(); optimizer.zero_grad()
+    mon.step(loss)
+    step += 1
+    time.sleep(0.05)
+"""
+
+
+@contextmanager
+def training(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """A training process stepping every 50 ms: (process, its publisher's endpoint, its recording)."""
+    record = tmp_path / "run.jsonl"
+    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAINING), str(record)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield process, process.stdout.readline().strip(), record
+    finally:
+        process.kill()
+        process.wait()
+
+
+def is_heartbeat(message: Message) -> bool:
+    return message["type"] == "heartbeat"
+
+
+def test_a_killed_training_process_ends_its_run_as_failed_and_says_why(tmp_path: Path) -> None:
+    context = zmq.Context()
+    try:
+        with training(tmp_path) as (process, endpoint, record):
+            sub = subscribe(context, endpoint)
+            receive_until(sub, lambda m: m["type"] == "metrics", timeout_s=30)
+            process.kill()  # SIGKILL: no atexit, no close()
+            end = receive_until(sub, lambda m: m["type"] == "run_end", timeout_s=10)[-1]
+        assert end["status"] == "failed"
+        assert f"pid {process.pid}" in end["error"] and "without closing" in end["error"]
+        wait_until(lambda: read_messages(record)[-1]["type"] == "run_end",
+                   what="the recording ending with run_end too")
+    finally:
+        context.destroy(linger=0)
+
+
+def test_a_frozen_training_process_falls_silent_and_beats_again_when_it_resumes(tmp_path: Path) -> None:
+    """Heartbeats say the training process is alive: while it is stopped (SIGSTOP: frozen, as one
+    stuck with the GIL held), its publisher's process stops them, though it runs on."""
+    context = zmq.Context()
+    try:
+        with training(tmp_path) as (process, endpoint, _):
+            sub = subscribe(context, endpoint)
+            receive_until(sub, is_heartbeat, timeout_s=30)
+            process.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(3.0)  # SILENT_BEATS heartbeat periods, and one more
+                while sub.poll(0):
+                    sub.recv()
+                assert not sub.poll(2500), "no heartbeat, nor anything else, while the process is frozen"
+            finally:
+                process.send_signal(signal.SIGCONT)
+            receive_until(sub, is_heartbeat, timeout_s=5)
+    finally:
+        context.destroy(linger=0)
+
+
+def test_the_run_is_published_by_another_process_that_ends_with_the_monitor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUIMON_RUNTIME_DIR", str(tmp_path / "runtime"))
+    mon = Monitor(run="own-process", gpu="none")
+    entry = next(entry for entry in registry.live_entries() if entry.run == "own-process")
+    assert entry.pid == os.getpid() != mon.publisher.pid, "the entry names the training process"
+    assert entry.pub == mon.endpoint
+    mon.step(1.0)
+    mon.close()
+    with pytest.raises(ProcessLookupError):  # reaped by close()
+        os.kill(mon.publisher.pid, 0)
+    assert not [entry for entry in registry.live_entries() if entry.run == "own-process"]
+
+
+def test_an_endpoint_the_publisher_cannot_bind_fails_the_monitor_at_once() -> None:
+    with pytest.raises(ValueError, match=r"cannot publish on 'carrier-pigeon://here': not a tcp://"):
+        Monitor(run="bad", gpu="none", endpoint="carrier-pigeon://here")
+
+
+def test_a_message_that_cannot_be_encoded_is_dropped_alone_and_counted(tmp_path: Path) -> None:
+    record = tmp_path / "run.jsonl"
+    mon = Monitor(run="bad-body", gpu="none", record=record)
+    mon.step(1.0)
+    mon.publisher.publish("event", step=1, severity="info", kind="checkpoint", message="x",
+                          details={"not JSON": object()})
+    mon.step(2.0)
+    time.sleep(0.3)
+    assert mon.publisher.stats()["dropped"] == 1
+    mon.close()
+    metrics = [m["step"] for m in read_messages(record) if m["type"] == "metrics"]
+    assert metrics == [1, 2]
