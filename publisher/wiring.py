@@ -13,6 +13,7 @@ must release the GPU source), so the order is written once, here, and so is the 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -34,7 +35,23 @@ from publisher.telemetry_errors import TelemetryErrors
 from publisher.threads.gpu import GpuSampler, GpuSource, SimulatedSource, open_gpu_source
 from publisher.threads.step_worker import StepWorker
 from publisher.threads.watchdog import HangWatchdog
-from publisher.wire.sidecar_link import SidecarPublisher
+from publisher.wire.sidecar_link import SidecarPublisher, SidecarUnavailable
+from publisher.wire.transport import Publisher
+
+log = logging.getLogger(__name__)
+
+
+def _publisher(run: str, rank: int, endpoint: str | None, record: str | os.PathLike[str] | None,
+               heartbeat_extra: Callable[[], Mapping[str, Any]]) -> SidecarPublisher | Publisher:
+    """The run's publisher, in a process of its own (:mod:`publisher.wire.sidecar`: its Python off
+    the training process's GIL); where that process cannot start (an embedded or frozen Python
+    without an interpreter to run), on a thread of this process, said once. The publisher's own
+    errors (an unusable endpoint, an unwritable recording) are raised either way."""
+    try:
+        return SidecarPublisher(run, rank, endpoint=endpoint, record=record, heartbeat_extra=heartbeat_extra)
+    except SidecarUnavailable as exc:
+        log.warning("tuimon: %s; publishing from a thread of the training process instead", exc)
+        return Publisher(run, rank, endpoint=endpoint, record=record, heartbeat_extra=heartbeat_extra)
 
 
 class MonitorParts:
@@ -72,8 +89,7 @@ class MonitorParts:
         # GPUs are the node's: only local rank 0 reads them.
         self.gpu_source: GpuSource | None = open_gpu_source(gpu) if local_rank() == 0 else None
         try:
-            self.publisher = SidecarPublisher(run, rank, endpoint=endpoint, record=record,
-                                              heartbeat_extra=self.watchdog.heartbeat_fields)
+            self.publisher = _publisher(run, rank, endpoint, record, self.watchdog.heartbeat_fields)
         except BaseException:
             if self.gpu_source is not None:
                 self.gpu_source.close()

@@ -127,3 +127,16 @@ def test_a_message_that_cannot_be_encoded_is_dropped_alone_and_counted(tmp_path:
     mon.close()
     metrics = [m["step"] for m in read_messages(record) if m["type"] == "metrics"]
     assert metrics == [1, 2]
+
+
+def test_without_an_interpreter_to_start_the_monitor_publishes_from_a_thread_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An embedded or frozen Python (no interpreter at sys.executable): monitoring still works."""
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python-here"))
+    record = tmp_path / "run.jsonl"
+    with caplog.at_level("WARNING"):
+        mon = Monitor(run="embedded", gpu="none", record=record)
+    mon.step(1.0)
+    mon.close()
+    assert "publishing from a thread of the training process instead" in caplog.text
+    assert [m["type"] for m in read_messages(record)][-2:] == ["metrics", "run_end"]

@@ -256,8 +256,11 @@ def _start(run: str, rank: int, endpoint: str | None, record: str | os.PathLike[
     """Start the publisher's process and wait for it to bind; raise what it could not do."""
     env = {key: value for key, value in os.environ.items() if key != "TUIMON_AUTOSTART"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_SOURCE_ROOT, env.get("PYTHONPATH"))))
-    process = subprocess.Popen([sys.executable, "-m", "publisher.wire.sidecar"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, env=env, close_fds=True)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "publisher.wire.sidecar"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, env=env, close_fds=True)
+    except OSError as exc:  # no interpreter to start (an embedded or frozen Python): not the user's settings
+        raise SidecarUnavailable(f"tuimon's publisher process could not start ({exc})") from exc
     assert process.stdin is not None and process.stdout is not None
     settings = {"run": run, "rank": rank, "endpoint": endpoint,
                 "record": None if record is None else os.fspath(record), "heartbeat_s": heartbeat_s,
@@ -284,10 +287,18 @@ def _answer(stdout: IO[bytes], timeout_s: float) -> dict[str, Any]:
     ready, _, _ = select.select([stdout], [], [], timeout_s)
     line = stdout.readline() if ready else b""
     if not line:
-        raise RuntimeError(f"tuimon's publisher process did not start within {timeout_s:.0f} s "
-                           "(its error, if any, is above)" if not ready else
-                           "tuimon's publisher process ended before it started (its error is above)")
-    answer = orjson.loads(line)
+        raise SidecarUnavailable(f"tuimon's publisher process did not start within {timeout_s:.0f} s "
+                                 "(its error, if any, is above)" if not ready else
+                                 "tuimon's publisher process ended before it started (its error is above)")
+    try:
+        answer = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        answer = None
     if not isinstance(answer, dict):
-        raise RuntimeError(f"tuimon's publisher process said {line[:200]!r} at start-up")
+        raise SidecarUnavailable(f"tuimon's publisher process said {line[:200]!r} at start-up")
     return answer
+
+
+class SidecarUnavailable(RuntimeError):
+    """The publisher's process could not be started (not a setting of the user's: the Monitor then
+    publishes from a thread of the training process instead, :mod:`publisher.wiring`)."""
