@@ -198,7 +198,9 @@ def test_a_corrupted_batch_is_reported_as_a_loss_spike(tmp_path: Path) -> None:
     record = tmp_path / "spike.jsonl"
     with Monitor(task.model, task.optimizer, run="spike", record=record, gpu="none") as mon:
         task.train(mon, steps=200, corrupt_at=frozenset({150}))
-    (event,) = of_type(read_messages(record), "event")
+    # One spike, at the corrupted batch. (On a loaded machine the speed detectors may also, rightly,
+    # say that the training thread waited for a CPU: not this test's business.)
+    (event,) = [e for e in of_type(read_messages(record), "event") if e["kind"] == "loss_spike"]
     assert (event["kind"], event["severity"], event["step"]) == ("loss_spike", "warning", 150)
     details = event["details"]
     assert details["ratio"] > 10 and details["value"] > details["baseline"]

@@ -14,7 +14,8 @@ enter) and this process connects to:
 - first, on standard input, one JSON line of settings (run, rank, host, endpoint, record,
   heartbeat_s, the inbox address, the training process's pid); this process answers on standard
   output with one JSON line: the bound ``endpoint`` and ``snapshot`` addresses, or the ``error``
-  the Publisher raised (its type in ``kind``), and then says nothing more there;
+  the Publisher raised (its type in ``kind``), and then says nothing more there; its first
+  :meth:`Publisher.stats` on the socket says that the socket is connected;
 - then frames, each a JSON array of items: ``["m", type, step, ts, body]`` (a message to publish),
   ``["beat", fields]`` (the training process is alive: the fields of its next heartbeats),
   ``["drops", n]`` (messages it gave up before handing them over), ``["close", status, error,
@@ -80,8 +81,13 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
     context = zmq.Context()
     inbox = context.socket(zmq.PAIR)
     inbox.setsockopt(zmq.LINGER, 0)
+    inbox.setsockopt(zmq.SNDTIMEO, 30_000)  # a send that blocks waits for the training process this long
     inbox.connect(settings["inbox"])
     answer({"endpoint": publisher.endpoint, "snapshot": publisher.snapshot_endpoint})
+    # A PAIR socket sends only once connected, which ZeroMQ does in the background: this first
+    # report tells the training process that the link is up (a frame it sent before would be lost).
+    with contextlib.suppress(zmq.Again):  # not connected within SNDTIMEO: the loop looks for the parent
+        inbox.send(orjson.dumps({**publisher.stats(), "link_drops": 0}))
     parent = int(settings["parent"])
     link_drops = 0
     next_stats = 0.0
@@ -108,7 +114,8 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
                     elif kind == "close":
                         _, status, error, timeout = item
                         publisher.close(status, error, timeout)
-                        inbox.send(orjson.dumps({**publisher.stats(), "link_drops": link_drops}))
+                        with contextlib.suppress(zmq.Again):
+                            inbox.send(orjson.dumps({**publisher.stats(), "link_drops": link_drops}))
                         return 0
                     else:
                         raise ValueError(f"not an item: {item!r:.80}")

@@ -90,6 +90,10 @@ class SidecarPublisher:
             address = f"ipc://{self._folder}/inbox"
             self._inbox.bind(address)
             self._process, started = _start(run, rank, endpoint, record, heartbeat_s, address)
+            if not self._inbox.poll(int(START_TIMEOUT_S * 1000)):  # its first stats: connected
+                raise SidecarUnavailable(f"tuimon's publisher process did not connect within "
+                                         f"{START_TIMEOUT_S:.0f} s")
+            self._take_stats()
         except BaseException:
             self._release()
             raise
