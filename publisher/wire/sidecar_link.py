@@ -17,7 +17,6 @@ this process stops answering (:mod:`publisher.wire.sidecar` says how).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -35,8 +34,8 @@ from typing import IO, Any
 import orjson
 import zmq
 
-from publisher.wire.protocol import MESSAGE_TYPES, RUN_END_STATUSES
-from publisher.wire.run_end import end_status_at_exit
+from publisher.wire.protocol import MESSAGE_TYPES
+from publisher.wire.run_end import EndOnce, end_status_at_exit
 from publisher.wire.transport import HANDOFF_S
 
 log = logging.getLogger(__name__)
@@ -71,14 +70,11 @@ class SidecarPublisher:
         self._heartbeat_extra = heartbeat_extra
         self._queue: deque[list[Any]] = deque()
         self._queue_max = queue_max
-        self._pid = os.getpid()
         self._drop_lock = threading.Lock()
         self._dropped = 0  # given up here (queue full, closed, not encodable, not handed over)
         self._drops_said = 0  # of which the publisher's process has been told
         self._stats: dict[str, int] = dict(_NO_STATS)
         self._closed = False
-        self._close_lock = threading.Lock()
-        self._close_started = False
         self._end: list[Any] = []
         self._stop = threading.Event()
         self._folder = tempfile.mkdtemp(prefix="tuimon-publisher-")  # only this user can enter it
@@ -101,7 +97,7 @@ class SidecarPublisher:
         self.snapshot_endpoint: str = started["snapshot"]
         self._thread = threading.Thread(target=self._run, name=f"tuimon-publisher-{rank}", daemon=True)
         self._thread.start()
-        atexit.register(self._close_at_exit)
+        self._end_once = EndOnce(self._close_at_exit)
 
     def publish(self, msg_type: str, step: int | None = None, **body: Any) -> None:
         """Queue one message, as :meth:`Publisher.publish <publisher.wire.transport.Publisher.publish>`
@@ -221,15 +217,8 @@ class SidecarPublisher:
         """Hand over what is queued, have the process send ``run_end`` and deliver (at most
         ``timeout`` s), then stop it. Idempotent and safe from any thread; messages published
         after this are dropped."""
-        if status not in RUN_END_STATUSES:
-            raise ValueError(f"run_end status must be one of {RUN_END_STATUSES}, got {status!r}")
-        with self._close_lock:
-            if self._close_started:
-                return
-            self._close_started = True
-        atexit.unregister(self._close_at_exit)
-        if os.getpid() != self._pid:
-            return  # a forked child (a DataLoader worker) owns neither the thread nor the process
+        if not self._end_once.begin(status):
+            return
         self._end = [status, error, timeout]
         self._stop.set()
         self._thread.join(timeout + 3.0)

@@ -21,7 +21,6 @@ got it, so a recording is complete even while nobody watches.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -52,12 +51,11 @@ from publisher.wire.hostname import host_name, machine_name
 from publisher.wire.protocol import (
     ENVELOPE_FIELDS,
     MESSAGE_TYPES,
-    RUN_END_STATUSES,
     encode_fitted,
     make_message,
 )
 from publisher.wire.recorder import Recorder
-from publisher.wire.run_end import end_status, end_status_at_exit
+from publisher.wire.run_end import EndOnce, end_status, end_status_at_exit
 from publisher.wire.validation import MAX_NAME_CHARS
 
 log = logging.getLogger(__name__)
@@ -162,8 +160,7 @@ class Publisher:
         self._refused = 0
         self._history = SnapshotHistory(max_metrics=history_metrics)
         self._started = time.time()
-        self._pid = os.getpid()
-        self._registered_pid = self._pid if registered_pid is None else registered_pid
+        self._registered_pid = os.getpid() if registered_pid is None else registered_pid
 
         # Written by publishing threads (under the lock: drops only, the fast path takes none).
         self._drop_lock = threading.Lock()
@@ -179,8 +176,6 @@ class Publisher:
 
         # Closing: close() fills these in, then sets _stop (which publishes them to the sender).
         self._closed = False
-        self._close_lock = threading.Lock()
-        self._close_started = False
         self._stop = threading.Event()
         self._stop_deadline = 0.0
         self._end_body: dict[str, Any] = {}
@@ -200,7 +195,7 @@ class Publisher:
         )
         self._thread.start()
         self._registry_path = self._register() if register else None
-        atexit.register(self._close_at_exit)
+        self._end_once = EndOnce(self._close_at_exit)
 
     def _bind(self, endpoint: str, hwm: int) -> tuple[zmq.Socket, zmq.Socket]:
         """Bind PUB on ``endpoint`` and the snapshot ROUTER on the same interface; ValueError if not."""
@@ -492,15 +487,8 @@ class Publisher:
 
         Idempotent and safe from any thread. Messages published after this are dropped.
         """
-        if status not in RUN_END_STATUSES:
-            raise ValueError(f"run_end status must be one of {RUN_END_STATUSES}, got {status!r}")
-        with self._close_lock:
-            if self._close_started:
-                return
-            self._close_started = True
-        atexit.unregister(self._close_at_exit)
-        if os.getpid() != self._pid:
-            return  # a forked child (e.g. a DataLoader worker) owns neither the thread nor the entry
+        if not self._end_once.begin(status):
+            return
         self._end_body = {"status": status} if error is None else {"status": status, "error": error}
         self._stop_deadline = time.monotonic() + timeout
         self._closed = True
