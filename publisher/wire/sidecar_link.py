@@ -68,6 +68,7 @@ class SidecarPublisher:
         self.run = run
         self.rank = rank
         self._heartbeat_extra = heartbeat_extra
+        self._extra_failed = False
         self._queue: deque[list[Any]] = deque()
         self._queue_max = queue_max
         self._drop_lock = threading.Lock()
@@ -189,9 +190,11 @@ class SidecarPublisher:
             return {}
         try:
             return self._heartbeat_extra()
-        except Exception as exc:
-            log.warning("tuimon: heartbeat_extra failed (%s: %s); the heartbeat goes without its fields",
-                        type(exc).__name__, exc)
+        except Exception as exc:  # asked at every hand-over: said once, not ten times a second
+            if not self._extra_failed:
+                self._extra_failed = True
+                log.warning("tuimon: heartbeat_extra failed (%s: %s); heartbeats go without its fields, "
+                            "further failures are not logged", type(exc).__name__, exc)
             return {}
 
     def _take_stats(self, wait_s: float = 0.0) -> None:
