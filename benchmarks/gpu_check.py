@@ -31,7 +31,16 @@ stage, not the run), then one summary table: stage, pass/fail/skipped, seconds, 
    debug mode does not cover) are counted. A control run of the same loop without a Monitor comes
    first: if the loop itself synchronises, the stage fails as inconclusive rather than blame the
    Monitor.
-4. ``overhead (cuda)``: ``benchmarks/overhead.py --device cuda --quick`` (its CUDA sizes: a
+4. ``nonfinite (cuda)``: where a NaN came from, on the device (:mod:`publisher.nonfinite`): three
+   small CUDA models whose step turns non-finite once (a forward 0/0 on a rare batch, a backward
+   that overflows while the forward is finite, a one-off corrupted activation) under
+   ``on_nonfinite="skip"`` and ``"stop"``: the ``nonfinite_origin`` event must name the module,
+   the phase and ``reproduced`` as on the CPU; ``skip`` must keep the weights finite, ``stop``
+   raise after the bundle is written; the bundle must open with ``publisher.repro.load`` (its
+   tensors on the CPU) and reproduce the NaN on the device. The default ``"report"`` then runs
+   under ``torch.cuda.set_sync_debug_mode("error")`` with the same 0/0: it must not synchronise,
+   and the NaN must still be reported (without an origin: on a GPU it re-runs nothing).
+5. ``overhead (cuda)``: ``benchmarks/overhead.py --device cuda --quick`` (its CUDA sizes: a
    launch-bound step and a ~10-50 ms one); key figure its worst ratios against their targets.
 
 Without a CUDA device (or with a CPU-only build of torch) and without an NVIDIA driver, it says so,
@@ -45,6 +54,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -66,6 +76,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from publisher import repro
 from publisher.invariants import InvariantConfig
 from publisher.monitor import Monitor
 from publisher.patches.torch_calls import COUNTED_CALLS
@@ -81,12 +92,14 @@ ROOT = Path(__file__).resolve().parent.parent
 GPU_TESTS = (
     "tests/test_layer_stats.py::test_the_hot_path_never_synchronises_with_the_gpu",
     "tests/test_gpu.py::test_nvml_reads_every_device_of_this_node_with_the_protocol_fields",
+    "tests/test_monitor.py::test_compute_time_on_a_cuda_device_is_the_devices_own_work",
 )
 #: Exit statuses.
 PASSED, FAILED, NO_GPU = 0, 1, 3
 #: The whole run's wall-clock budget (s) and each stage's own limit within it.
 BUDGET_S = 480
-STAGE_LIMITS_S = {"gpu tests": 120, "nvml reader": 30, "no-sync step": 90, "overhead (cuda)": 230}
+STAGE_LIMITS_S = {"gpu tests": 120, "nvml reader": 30, "no-sync step": 90, "nonfinite (cuda)": 90,
+                  "overhead (cuda)": 230}
 #: A stage process ends its output with this tag and a JSON object (status, figure).
 RESULT_TAG = "GPU-CHECK-RESULT "
 #: A row of overhead.py's table: the plain arm's step time, then the monitored arm's.
@@ -271,8 +284,9 @@ def sync_warnings() -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def event_waits(cuda: bool) -> Iterator[list[str]]:
-    """Host waits on CUDA events (``torch.cuda.Event.synchronize``), by thread: the debug mode
-    covers stream and device synchronisation and synchronising copies, not these."""
+    """Host waits on CUDA events (``torch.cuda.Event.synchronize`` on an event the device has not
+    reached), by thread: the debug mode covers stream and device synchronisation and synchronising
+    copies, not these."""
     found: list[str] = []
     if not cuda:
         yield found
@@ -280,7 +294,10 @@ def event_waits(cuda: bool) -> Iterator[list[str]]:
     original = torch.cuda.Event.synchronize
 
     def synchronize(event: torch.cuda.Event) -> None:
-        found.append(threading.current_thread().name)
+        if not event.query():
+            ours = [f"{Path(f.filename).name}:{f.lineno}" for f in traceback.extract_stack()
+                    if f"{os.sep}publisher{os.sep}" in f.filename]
+            found.append(f"{threading.current_thread().name} ({' < '.join(reversed(ours))})")
         original(event)
 
     torch.cuda.Event.synchronize = synchronize  # type: ignore[method-assign]
@@ -323,7 +340,7 @@ def checked_run(device: torch.device, mode: str, scratch: Path) -> tuple[list[st
     errors = mon.telemetry_errors
     mon.close()  # outside the region: closing drains the copies in flight (a wait, by design)
     problems += [f"{mode}: sync warning: {line}" for line in synced]
-    problems += [f"{mode}: host wait on a CUDA event in thread {name}" for name in sorted(set(waited))]
+    problems += [f"{mode}: host wait on a CUDA event in thread {where}" for where in sorted(set(waited))]
     if errors:
         problems.append(f"{mode}: {errors} telemetry error(s) in the Monitor (a swallowed sync? see the log)")
     broken = {name: s["message"] for name, s in statuses.items() if "internal error" in (s["message"] or "")}
@@ -379,7 +396,202 @@ def stage_sync(device: torch.device) -> Outcome:
     return Outcome("fail" if problems else "pass", figure)
 
 
-# --------------------------------------------------------------------- stage 4: the overhead
+# ----------------------------------------------------------------- stage 4: a NaN's origin
+
+
+class ZeroOverZero(nn.Module):
+    """Normalises each row by its absolute sum: 0/0 for a row of zeros (the rare batch), in the
+    forward."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h / h.abs().sum(-1, keepdim=True)
+
+
+class RowScale(nn.Module):
+    """Divides each row by its length plus an epsilon: finite forward for a zero row, but the
+    square root's derivative at 0 is infinite, so the backward overflows."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h / (torch.sqrt((h * h).sum(-1, keepdim=True)) + 1e-6)
+
+
+class Faulty(nn.Module):
+    """``embed`` (no bias: a zero sample stays zero), the faulty ``middle``, ``head``."""
+
+    def __init__(self, middle: nn.Module) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 16, bias=False)
+        self.middle = middle
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.middle(self.embed(x)))
+
+
+#: The step (from 1) at which each case's batch (or activation) turns bad, and the steps run.
+NAN_TRIGGER, NAN_STEPS = 12, 20
+
+
+def nan_batches(device: torch.device, zero_sample: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches on the device; the one of step :data:`NAN_TRIGGER` holds an all-zero sample."""
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for step in range(1, NAN_STEPS + 1):
+        x = torch.randn(16, 8, generator=g)
+        if zero_sample and step == NAN_TRIGGER:
+            x[0] = 0.0
+        out.append((x.to(device), x[:, :1].clone().to(device)))
+    return out
+
+
+def nan_case(device: torch.device, case: str, policy: str, scratch: Path) -> dict[str, Any]:
+    """One faulty run; returns what it showed: the origin event, the losses after it, the bundle's
+    checks, whether ``stop`` raised."""
+    torch.manual_seed(0)
+    middle = {"forward": ZeroOverZero(), "backward": RowScale(), "glitch": nn.Identity()}[case]
+    model = Faulty(middle).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    armed = [False]
+
+    def glitch(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor | None:
+        if not armed[0]:
+            return None
+        armed[0] = False  # once: the re-run computes cleanly
+        output = output.clone()
+        output[0, 0] = float("nan")
+        return output
+
+    if case == "glitch":
+        model.embed.register_forward_hook(glitch)
+    record = scratch / f"{case}-{policy}.jsonl"
+    mon = Monitor(model, optimizer, run=f"gpu-check-{case}", record=record, gpu="none", seed=0,
+                  on_nonfinite=policy)
+    stopped = None
+    try:
+        for step, (x, y) in enumerate(mon.track_data(nan_batches(device, case != "glitch")), start=1):
+            armed[0] = case == "glitch" and step == NAN_TRIGGER
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+    except Exception as exc:  # NonFiniteStop under "stop"
+        stopped = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    finally:
+        mon.close("failed" if stopped else "completed")
+    messages = [m for _, _, m in read_recording(record) if isinstance(m, dict)]
+    events = [m for m in messages if m.get("type") == "event"]
+    origins = [e for e in events if e["kind"] == "nonfinite_origin"]
+    found: dict[str, Any] = {"case": case, "policy": policy, "stopped": stopped,
+                             "kinds": sorted({e["kind"] for e in events}), "origins": len(origins)}
+    if origins:
+        event = origins[0]
+        origin = event["details"]["origin"]
+        found.update(step=event["step"], module=origin.get("module"), phase=origin.get("phase"),
+                     reproduced=origin.get("reproduced"), message=event["message"][:160])
+        found.update(nan_bundle_check(model, event["details"].get("repro"), device))
+    found["finite_after"] = all(math.isfinite(m["metrics"]["loss"]) for m in messages
+                                if m.get("type") == "metrics" and m["step"] > NAN_TRIGGER
+                                and "loss" in m["metrics"])
+    return found
+
+
+def nan_bundle_check(model: nn.Module, path: str | None, device: torch.device) -> dict[str, Any]:
+    """The bundle opens, its inputs are CPU tensors, and they reproduce the NaN on the device (in
+    the output, or in the gradients of its sum: the model is done with, so its ``.grad`` is free)."""
+    if not path or not Path(path).exists():
+        return {"bundle": f"missing ({path})"}
+    case = repro.load(path)
+    args, kwargs = case.inputs()
+    on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+    model.zero_grad()
+    out = model(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+    out.sum().backward()
+    return {"bundle": Path(path).name, "bundle_on_cpu": on_cpu,
+            "bundle_output_finite": bool(torch.isfinite(out).all()),
+            "bundle_grads_finite": all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()
+                                       if p.grad is not None)}
+
+
+def report_without_sync(device: torch.device, scratch: Path) -> dict[str, Any]:
+    """The forward 0/0 under the default ``report`` and the "error" sync mode: nothing may wait
+    for the device, and the NaN is still reported."""
+    torch.manual_seed(0)
+    model = Faulty(ZeroOverZero()).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    record = scratch / "report.jsonl"
+    mon = Monitor(model, optimizer, run="gpu-check-report", record=record, gpu="none")
+    batches = nan_batches(device, True)
+    synced = None
+    try:
+        with sync_debug("error", device.type == "cuda"):
+            for x, y in mon.track_data(batches):
+                optimizer.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+                mon.step(loss)
+    except RuntimeError as exc:
+        synced = str(exc).splitlines()[0]
+    errors = mon.telemetry_errors
+    mon.close()
+    events = [m for _, _, m in read_recording(record) if isinstance(m, dict) and m.get("type") == "event"]
+    nonfinite = [e for e in events if e["kind"].startswith("nonfinite")]
+    return {"case": "forward", "policy": "report", "synced": synced, "telemetry_errors": errors,
+            "nonfinite_events": [(e["kind"], e["step"]) for e in nonfinite]}
+
+
+#: What each (case, policy) must show: module, phase, reproduced.
+NAN_EXPECTED = {
+    ("forward", "skip"): ("Faulty.middle", "forward", True),
+    ("backward", "stop"): ("Faulty.middle", "backward", True),
+    ("glitch", "skip"): (None, "forward", False),
+}
+
+
+def stage_nonfinite(device: torch.device) -> Outcome:
+    """Each case of :data:`NAN_EXPECTED`, then ``report`` without a sync."""
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for (case, policy), (module, phase, reproduced) in NAN_EXPECTED.items():
+            found = nan_case(device, case, policy, Path(scratch))
+            print(json.dumps(found))
+            name = f"{case}/{policy}"
+            if found["origins"] != 1:
+                problems.append(f"{name}: {found['origins']} nonfinite_origin events ({found['kinds']})")
+                continue
+            got = (found["module"], found["phase"], found["reproduced"])
+            if got != (module, phase, reproduced) or found["step"] != NAN_TRIGGER:
+                problems.append(f"{name}: origin {got} at step {found['step']}, expected "
+                                f"{(module, phase, reproduced)} at {NAN_TRIGGER}")
+            if policy == "skip" and not found["finite_after"]:
+                problems.append(f"{name}: a non-finite loss after the skipped update")
+            if policy == "stop" and not (found["stopped"] or "").startswith("NonFiniteStop"):
+                problems.append(f"{name}: stop did not raise NonFiniteStop ({found['stopped']})")
+            if not found.get("bundle_on_cpu"):
+                problems.append(f"{name}: bundle {found.get('bundle')}: its inputs are not CPU tensors")
+            shown = found.get("bundle_output_finite" if phase == "forward" else "bundle_grads_finite")
+            if reproduced and shown is not False:
+                problems.append(f"{name}: the bundle's inputs do not reproduce the {phase} NaN on the device")
+        report = report_without_sync(device, Path(scratch))
+    print(json.dumps(report))
+    if report["synced"]:
+        problems.append(f"report: the training thread synchronised: {report['synced']}")
+    if report["telemetry_errors"]:
+        problems.append(f"report: {report['telemetry_errors']} telemetry error(s) (a swallowed sync?)")
+    if not report["nonfinite_events"]:
+        problems.append("report: the NaN was not reported")
+    for problem in problems:
+        print(f"PROBLEM {problem}")
+    reported = sorted({kind for kind, _ in report["nonfinite_events"]})
+    figure = (f"{len(problems)} problem(s) in {len(NAN_EXPECTED)} faulty runs + report under the 'error' "
+              f"sync mode (reported as {reported})")
+    if device.type != "cuda":
+        figure += " [CPU DRY RUN]"
+    return Outcome("fail" if problems else "pass", figure)
+
+
+# --------------------------------------------------------------------- stage 5: the overhead
 
 
 def stage_overhead(limit: float) -> Outcome:
@@ -450,10 +662,13 @@ def run_stage_process(stage: str, limit: float, extra: list[str]) -> Outcome:
 def stage_main(stage: str, cpu_dry_run: bool) -> int:
     """Inside a stage's process: run it, print its tagged result; the status is the parent's to judge."""
     try:
+        device = torch.device("cpu" if cpu_dry_run else "cuda")
         if stage == "nvml reader":
             outcome = stage_nvml()
+        elif stage == "nonfinite (cuda)":
+            outcome = stage_nonfinite(device)
         else:
-            outcome = stage_sync(torch.device("cpu" if cpu_dry_run else "cuda"))
+            outcome = stage_sync(device)
     except Exception as exc:
         traceback.print_exc()
         outcome = Outcome("fail", f"{type(exc).__name__}: {exc}")
@@ -475,9 +690,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budget", type=float, default=BUDGET_S,
                         help=f"seconds for the whole check (default {BUDGET_S}); stages have own limits")
-    parser.add_argument("--stage", choices=("nvml reader", "no-sync step"), help=argparse.SUPPRESS)
+    parser.add_argument("--stage", choices=("nvml reader", "no-sync step", "nonfinite (cuda)"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="develop this script without a GPU: run the no-sync stage's code on the CPU "
+                        help="develop this script without a GPU: run the no-sync and nonfinite stages' code "
+                             "on the CPU "
                              f"(no sync debug mode there: it proves nothing; exit status {NO_GPU})")
     args = parser.parse_args(argv)
     if args.stage:
@@ -487,10 +704,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}; CUDA: {cuda or torch.cuda.get_device_name(0)}; "
           f"NVML: {nvml or 'driver found'}")
     if args.cpu_dry_run:
-        outcome = run_stage_process("no-sync step", STAGE_LIMITS_S["no-sync step"], ["--cpu-dry-run"])
-        outcome.seconds = time.monotonic() - started
-        summary({"no-sync step": outcome})
-        if outcome.status != "pass":
+        dry = {}
+        for stage in ("no-sync step", "nonfinite (cuda)"):
+            stage_started = time.monotonic()
+            dry[stage] = run_stage_process(stage, STAGE_LIMITS_S[stage], ["--cpu-dry-run"])
+            dry[stage].seconds = time.monotonic() - stage_started
+        summary(dry)
+        if any(outcome.status != "pass" for outcome in dry.values()):
             return FAILED
         print(f"DRY RUN: the stage's code ran on the CPU; no GPU was checked (exit status {NO_GPU}).")
         return NO_GPU
@@ -501,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu tests": (cuda or nvml, stage_gpu_tests),
         "nvml reader": (nvml, lambda limit: run_stage_process("nvml reader", limit, [])),
         "no-sync step": (cuda, lambda limit: run_stage_process("no-sync step", limit, [])),
+        "nonfinite (cuda)": (cuda, lambda limit: run_stage_process("nonfinite (cuda)", limit, [])),
         "overhead (cuda)": (cuda, stage_overhead),
     }
     outcomes: dict[str, Outcome] = {}

@@ -40,7 +40,9 @@ class HostValue:
             self._host, self._event = tensor.cpu(), None
 
     def ready(self) -> bool:
-        return self._event is None or bool(self._event.query())
+        if self._event is not None and self._event.query():
+            self._event = None  # landed: :meth:`wait` then returns without calling into CUDA
+        return self._event is None
 
     def wait(self) -> torch.Tensor:
         if self._event is not None:
