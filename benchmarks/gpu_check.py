@@ -91,6 +91,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: silently dropping out of it.
 GPU_TESTS = (
     "tests/test_layer_stats.py::test_the_hot_path_never_synchronises_with_the_gpu",
+    "tests/test_layer_stats.py::test_device_batches_share_copies_and_reach_their_callbacks_in_order",
     "tests/test_gpu.py::test_nvml_reads_every_device_of_this_node_with_the_protocol_fields",
     "tests/test_monitor.py::test_compute_time_on_a_cuda_device_is_the_devices_own_work",
 )

@@ -364,7 +364,7 @@ class Monitor:
                 self._telemetry_failed("per-layer sample", exc)
         waiting = readings.waiting
         # Arrays live where the parameters do: the first one tells.
-        if waiting or self._fetch.queue or (arrays and not arrays[0].is_cpu):
+        if waiting or self._fetch.pending or (arrays and not arrays[0].is_cpu):
             self._fetch.submit([t for _, t in waiting] + arrays, partial(self._arrived, readings))
         else:
             readings.values = arrays

@@ -264,7 +264,23 @@ def test_batches_reach_their_callbacks_in_order() -> None:
         fetch.submit([torch.tensor(float(i)), torch.arange(2.0) + i],
                      lambda values, i=i: seen.append((i, [v.tolist() for v in values])))
     assert seen == [(0, [0.0, [0.0, 1.0]]), (1, [1.0, [1.0, 2.0]]), (2, [2.0, [2.0, 3.0]])]
-    assert not fetch.queue
+    assert not fetch.pending
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_batches_share_copies_and_reach_their_callbacks_in_order() -> None:
+    """Fast steps' tensors wait to share one copy (a CUDA call from Python costs the host ~10 us);
+    CPU numbers between them keep their place; a bfloat16 loss arrives as float32."""
+    fetch = DeviceFetch(gather_s=60.0)
+    seen: list[tuple[int, list[Any]]] = []
+    for i in range(10):
+        on_device = torch.full((), float(i), device="cuda", dtype=torch.bfloat16 if i % 3 else torch.float32)
+        tensors = [torch.tensor(-1.0)] if i == 4 else [on_device, torch.arange(3.0, device="cuda") + i]
+        fetch.submit(tensors, lambda values, i=i: seen.append((i, [v.tolist() for v in values])))
+    assert [i for i, _ in seen] in ([], [0]) and fetch.pending, "the first one copies; the rest wait together"
+    fetch.drain(wait=True)
+    assert not fetch.pending
+    assert seen == [(i, [-1.0] if i == 4 else [[float(i)], [float(i), i + 1.0, i + 2.0]]) for i in range(10)]
 
 
 def test_memory_is_read_at_its_interval_or_every_few_steps_not_sooner_than_its_floor() -> None:

@@ -324,8 +324,8 @@ class DeviceQueue:
     """A device that runs behind the host, as a CUDA device does (this machine has none): a mark is
     reached once the host has taken ``lag`` more. Same interface as the CUDA events' marks."""
 
-    def __init__(self, lag: int) -> None:
-        self.lag, self.taken = lag, 0
+    def __init__(self, lag: int, every_s: float = 0.0) -> None:
+        self.lag, self.taken, self.every_s = lag, 0, every_s
 
     def mark(self) -> tuple[int, float]:
         self.taken += 1
@@ -351,6 +351,18 @@ def test_a_host_far_ahead_of_its_device_still_gets_figures() -> None:
     waiting are the oldest, which the device reaches first."""
     reported = train_timed(DeviceQueue(lag=30), forward_s=[0.0] * 60)
     assert sum(seconds is not None for seconds in reported) >= 8
+
+
+def test_marks_that_cost_the_host_time_only_some_steps_and_still_report_their_own_work() -> None:
+    """A CUDA event costs the host ~13 us: on fast steps only one step in every 50 ms is timed, and
+    its figure is its own work (a step that was not timed reports nothing rather than a guess)."""
+    device = DeviceQueue(lag=2, every_s=0.05)
+    started = time.perf_counter()
+    reported = train_timed(device, forward_s=[0.002] * 100)
+    elapsed = time.perf_counter() - started
+    assert device.taken <= 2 * (elapsed / 0.05 + 2), (device.taken, elapsed)
+    figures = [seconds for seconds in reported if seconds is not None]
+    assert len(figures) >= 2 and all(0.002 <= seconds < 0.05 for seconds in figures), figures
 
 
 def train_timed(device: DeviceQueue, forward_s: list[float]) -> list[float | None]:
@@ -402,9 +414,9 @@ def test_compute_time_on_a_cuda_device_is_the_devices_own_work(tmp_path: Path) -
             whole.append(marks[0].elapsed_time(marks[2]) / 1e3)
     seconds = [m["metrics"]["compute_time"] for m in of_type(read_messages(record), "metrics")
                if "compute_time" in m["metrics"]]
-    assert len(seconds) >= 12, "each step reports the latest one the device has finished"
+    assert len(seconds) >= 5, "timed steps report the latest one the device has finished"
     # Medians of the steady steps (the first ones also pay for CUDA's and cuBLAS's start).
-    reported, expected = statistics.median(seconds[4:]), statistics.median(own[4:])
+    reported, expected = statistics.median(seconds[2:]), statistics.median(own[4:])
     assert 0.9 * expected <= reported <= 1.2 * expected + 1e-3, (reported, expected, seconds)
     assert reported < 0.6 * statistics.median(whole[4:]), "the wait after the last gradient is left out"
 

@@ -5,10 +5,12 @@ sooner than ``min_interval_s`` (0.02 s): at most 50 readings a second. The host 
 ``pread`` (~1 us) and the CUDA counters are the allocator's own bookkeeping. Ten readings a
 second let a leak of a few megabytes a step be named within about a second, and a reading every
 few steps lets a short run of slower steps (a 60-step debug run) be judged at all
-(:class:`~publisher.detectors.speed.MemoryGrowth`). The CUDA numbers (``torch.cuda.memory_allocated``
-/ ``memory_reserved`` / ``max_memory_allocated``) never synchronise with the GPU; they are read
-only when this process has already initialised CUDA, so monitoring never creates a CUDA context
-itself.
+(:class:`~publisher.detectors.speed.MemoryGrowth`). The CUDA numbers never synchronise with the
+GPU; they are read only when this process has already initialised CUDA, so monitoring never
+creates a CUDA context itself. They are read from one ``torch.cuda.memory_stats_as_nested_dict``:
+``torch.cuda.memory_allocated`` and its siblings each flatten the allocator's whole table in
+Python (about 140 us a call, measured on an H200 host: over 400 us of the step worker's hold on
+the GIL for the three, ten times a second).
 
 Metric names (bytes): ``host_mem_bytes``, ``cuda_mem_allocated`` (live tensors),
 ``cuda_mem_reserved`` (held by the allocator, what ``nvidia-smi`` shows for the process minus
@@ -65,7 +67,9 @@ class MemoryReader:
             device = self._device()
             if device is None or device.type != "cuda":
                 device = torch.device("cuda", torch.cuda.current_device())
-            values["cuda_mem_allocated"] = torch.cuda.memory_allocated(device)
-            values["cuda_mem_reserved"] = torch.cuda.memory_reserved(device)
-            values["cuda_mem_peak"] = torch.cuda.max_memory_allocated(device)
+            stats = torch.cuda.memory_stats_as_nested_dict(device)
+            allocated = stats.get("allocated_bytes", {}).get("all", {})
+            values["cuda_mem_allocated"] = allocated.get("current", 0)
+            values["cuda_mem_reserved"] = stats.get("reserved_bytes", {}).get("all", {}).get("current", 0)
+            values["cuda_mem_peak"] = allocated.get("peak", 0)
         return values
