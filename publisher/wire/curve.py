@@ -26,7 +26,6 @@ from typing import Any
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
 #: Where a process finds the job's keys when not told: this file, else the default below.
 ENV_KEYS = "TUIMON_KEYS"
@@ -154,6 +153,10 @@ class Guard:
     nobody else. Start it before binding; stop it when the context's sockets are closed."""
 
     def __init__(self, context: zmq.Context, keys: JobKeys) -> None:
+        # Imported here, with CURVE only: zmq.auth.thread imports asyncio (15 ms of every
+        # publisher's start-up otherwise, python -X importtime).
+        from zmq.auth.thread import ThreadAuthenticator
+
         self._public = keys.public
         self._authenticator = ThreadAuthenticator(context, log=_QUIET)
         self._authenticator.start()

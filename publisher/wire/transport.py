@@ -33,7 +33,6 @@ from types import TracebackType
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from publisher.wire import registry, snapshot_gate
 from publisher.wire.curve import (
@@ -425,6 +424,12 @@ class Publisher:
 
     def _count_refusals(self) -> None:
         """Peers the CURVE handshake refused since the last heartbeat: counted, and said once."""
+        if not self._refusals:
+            return
+        # Imported here, with CURVE only: the module imports zmq.asyncio and asyncio, a third of
+        # the publisher's process's start-up (30 of ~100 ms, python -X importtime).
+        from zmq.utils.monitor import parse_monitor_message
+
         for monitor in self._refusals:
             while True:
                 try:
