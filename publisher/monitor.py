@@ -57,6 +57,9 @@ from publisher.wire.validation import MAX_METRICS, MAX_NAME_CHARS
 from publisher.wiring import MonitorParts
 
 T = TypeVar("T")
+#: Quiet steps planned at once at most (:meth:`Monitor._plan_quiet`): a bound on how long a change
+#: the quiet steps do not look for can go unseen.
+QUIET_STEPS_MAX = 256
 
 #: Share of the step time the gradient norm may cost on average. Computing it reads every
 #: gradient once: negligible on a GPU, but on a CPU a 2M-parameter model pays ~1 ms, 5 % of a
@@ -147,6 +150,11 @@ class Monitor:
         self._pid = os.getpid()
         self._fetch = DeviceFetch()
         self._step = 0
+        #: Coming steps that need no more than :meth:`_quiet_step` (:meth:`_plan_quiet`), and the
+        #: primary optimizer's one parameter group they read the learning rate from.
+        self._quiet = 0
+        self._quiet_groups: list[dict[str, Any]] = []
+        self._loss_on_device = False
         self._parts = MonitorParts(
             run=self.run, rank=self.rank, world_size=self.world_size, params=self._params,
             timer=self._timer, compute=self._compute, memory=memory, errors=self._errors,
@@ -174,6 +182,7 @@ class Monitor:
         #: The checker's own ``offer_graph`` (one call less on every step), None without invariants.
         self._offer_graph = self._invariants.checker.offer_graph if self._invariants is not None else None
         self._watchdog = self._parts.watchdog
+        self._submit = self._parts.worker.submit
         self._batch: Any = None  # the latest batch, by reference (a repro bundle holds it)
         #: The step's loss before ``step()`` is called, where a caller knows it (``tuimon run``).
         self.loss_source: Callable[[], float | None] = lambda: None
@@ -242,9 +251,81 @@ class Monitor:
         the latest at :meth:`close`). Nothing here raises because of telemetry.
         """
         try:
+            if self._quiet and step is None and not extra and self._quiet_step(
+                    loss, tokens, samples, data_time):
+                return
             self._record_step(loss, tokens, samples, data_time, step, extra)
         except Exception as exc:
             self._telemetry_failed("step()", exc)
+
+    def _quiet_step(self, loss: torch.Tensor | float | None, tokens: int | None, samples: int | None,
+                    data_time: float | None) -> bool:
+        """A step on which nothing is due (:meth:`_plan_quiet`): the least the training thread must
+        read now (the time, the loss on the CPU, the learning rate, the compute marks, the batches'
+        fingerprints) queued as one tuple; the step worker builds the rest. False, with nothing
+        done, where the step needs more (a loss on a device, a look at a loss call, a clip
+        without gradients, a learning rate that is not a float, a second parameter group): the
+        quiet steps end there.
+
+        Why: in place, between training steps whose kernels have evicted the caches, every call
+        and object touched costs microseconds; the full step costs ~27 times what appending the
+        loss to a list does, and ~4-15 times its own cost warm (``benchmarks/step_floor.py``).
+        """
+        calls, groups = self._calls, self._quiet_groups
+        lr = groups[0]["lr"]
+        if calls.pending or calls.clips_without_gradients or type(lr) is not float or len(groups) != 1:
+            self._quiet = 0
+            return False
+        if isinstance(loss, torch.Tensor):
+            if not loss.is_cpu:
+                self._quiet = 0
+                return False
+            loss = loss.item()
+        elif loss is not None:
+            loss = float(loss)
+        now = time.perf_counter()
+        self._quiet -= 1
+        self._step = step = self._step + 1
+        timer = self._timer
+        elapsed = timer.tick(now)
+        data = timer.data_time(data_time)
+        batches = self._batches
+        if batches:
+            self._batches = []
+        self._submit((step, now, elapsed, loss, lr, tokens, samples, data, self._compute.take(data),
+                      tuple(batches)))
+        return True
+
+    def _plan_quiet(self) -> None:
+        """After a full step: how many coming steps need no more than :meth:`_quiet_step`, the
+        fewest any part allows (the gradient norm's budget, the layer sampler's next sample, the
+        invariant checker's next work, the non-finite check's hooks); the parts are told at once
+        that those steps will pass (a quiet run that ends early only brings their work forward).
+        None while copies from a device are on their way (the steps must reach the worker in
+        order) or where the learning rate is not one float."""
+        self._quiet = 0
+        quiet = self._grad_norm.idle_steps - 1 if self._params.params else QUIET_STEPS_MAX
+        if quiet <= 0 or self._loss_on_device:
+            return  # a loss on a device is copied with the step's other numbers: no quiet step
+        optimizer = self._params.primary
+        groups = optimizer.param_groups if optimizer is not None else [{"lr": None}]
+        if len(groups) != 1 or type(groups[0]["lr"]) is not float or self._fetch.pending:
+            return
+        guard, layers, invariants = self._guard, self._layers, self._invariants
+        if guard is not None and not guard.idle:
+            return
+        if layers is not None:
+            quiet = min(quiet, layers.idle_steps())
+        if invariants is not None:
+            quiet = min(quiet, invariants.idle_steps())
+        quiet = min(quiet, QUIET_STEPS_MAX)
+        if quiet <= 0:
+            return
+        self._grad_norm.skip(quiet)
+        if layers is not None:
+            layers.skip(quiet)
+        self._quiet_groups = groups
+        self._quiet = quiet
 
     def _record_step(
         self,
@@ -258,7 +339,9 @@ class Monitor:
         """The training thread's half of a step: read what cannot wait, queue the rest raw for the
         step worker (:mod:`publisher.completion`)."""
         now = time.perf_counter()
+        self._quiet = 0  # planned afresh below
         self._watchdog.thread_id = threading.get_ident()  # the thread whose stalls it reports
+        step_given = step
         step = self._step + 1 if step is None else int(step)
         self._step = step
         timer = self._timer
@@ -272,8 +355,9 @@ class Monitor:
         calls = self._calls
         if calls.clips_without_gradients:  # clip calls that found no gradient since the last step
             readings.metrics["clip_noop_calls"] = float(calls.take_clips_without_gradients())
-        if calls.looked:
+        if calls.pending:  # looks taken, perhaps still on their way to the host
             readings.looks = tuple(calls.take_looks())
+        self._loss_on_device = isinstance(loss, torch.Tensor) and not loss.is_cpu
         if loss is not None:
             if isinstance(loss, torch.Tensor):
                 if loss.numel() != 1:
@@ -300,6 +384,8 @@ class Monitor:
             guard.next_step(self._grad_norm.due_next or (layers is not None and layers.sampling))
         if self._invariants is not None:
             self._invariants.sync(step)
+        if step_given is None:
+            self._plan_quiet()
 
     def _read_grad_norm(self, sampling: bool, readings: StepReadings) -> GradNorms | None:
         """The gradient norms on a sampled step, else as often as ``grad_norm_budget`` allows

@@ -27,7 +27,7 @@ from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.identity import local_rank
 from publisher.readings.memory import MemoryReader
 from publisher.readings.params import TrainedParams
-from publisher.readings.step import StepReadings
+from publisher.readings.step import QuietStep, StepReadings, readings_of
 from publisher.readings.timing import StepTimer
 from publisher.reporter import Reporter
 from publisher.stats.sampler import LayerSampler, StatsConfig
@@ -101,7 +101,8 @@ class MonitorParts:
         )
         self._errors = errors
         self.completion = StepCompletion(compute, memory, lambda: self.watchdog.thread_id)
-        self.worker: StepWorker[StepReadings] = StepWorker(self._finish_step, self.publisher.count_drop)
+        self.worker: StepWorker[StepReadings | QuietStep] = StepWorker(self._finish_step,
+                                                                       self.publisher.count_drop)
         self.reporter.announce(run, rank, world_size, params.model, config, seed)
         watched = params.model is not None or bool(params.optimizers)
         self.layers: LayerSampler | None = None
@@ -124,8 +125,9 @@ class MonitorParts:
                                   current_step=current_step)
         self.watchdog.start(self.stalls)
 
-    def _finish_step(self, readings: StepReadings) -> None:
+    def _finish_step(self, item: StepReadings | QuietStep) -> None:
         """Step worker thread: complete a step the training thread queued, then publish it."""
+        readings = readings_of(item)
         try:
             finished = self.completion.complete(readings)
         except Exception as exc:

@@ -239,6 +239,37 @@ def test_several_param_groups_extra_metrics_and_data_time(tmp_path: Path) -> Non
     assert 0 <= metrics["data_time"] < 0.1
 
 
+def test_every_step_is_published_with_the_loss_and_learning_rate_the_loop_had(tmp_path: Path) -> None:
+    """Most steps of a model with many layers need none of the Monitor's sampled measurements and
+    take its short path (``Monitor._quiet_step``): each is still published, in order, with its own
+    loss and the learning rate it trained with (a schedule changes it every step), and a parameter
+    group added mid-run is reported from its first step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(24)], torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model[:-1].parameters(), lr=0.01)
+    record = tmp_path / "every_step.jsonl"
+    losses, rates = [], []
+    with Monitor(model, optimizer, run="every-step", record=record, gpu="none") as mon:
+        for step, batch in enumerate(mon.track_data([torch.randn(8, 16) for _ in range(400)]), start=1):
+            if step == 300:
+                optimizer.add_param_group({"params": model[-1].parameters(), "lr": 0.002})
+            loss = model(batch).pow(2).mean()
+            loss.backward()
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            mon.step(loss, samples=8)
+            optimizer.zero_grad()
+            optimizer.param_groups[0]["lr"] = 0.01 * (1.0 - step / 1000)  # a schedule, as a scheduler sets it
+            losses.append(loss.item())
+    metrics = of_type(read_messages(record), "metrics")
+    assert [m["step"] for m in metrics] == list(range(1, 401))
+    assert [m["metrics"]["loss"] for m in metrics] == losses
+    assert [m["metrics"]["lr"] for m in metrics] == rates
+    assert all("step_time" in m["metrics"] and "samples_per_s" in m["metrics"] for m in metrics[1:])
+    assert all("data_time" in m["metrics"] and "compute_time" in m["metrics"] for m in metrics[1:])
+    assert [m["step"] for m in metrics if "lr/1" in m["metrics"]] == list(range(300, 401))
+
+
 class SlowLoader:
     """Batches that take ``wait_s`` each to arrive (a starved input pipeline)."""
 

@@ -160,6 +160,20 @@ class InvariantChecker:
             with self._meter:
                 self._run(owned, owned.see_graph, loss, self._steps_done)
 
+    def idle_steps(self) -> int:
+        """Coming optimizer steps whose hooks return at once (:meth:`_plan_quiet`) and after which
+        the loss's graph is not wanted: the Monitor's quiet steps skip its per-step calls here."""
+        if self._pending:
+            return 0
+        done = self._steps_done
+        idle = self._global_quiet_until - done - 1
+        for watch in self._watches.values():
+            idle = min(idle, watch.quiet_until - watch.watched.count)
+        owned = self._ownership
+        if owned is not None:
+            idle = min(idle, owned.graph_quiet_until - done - 1)
+        return max(idle, 0)
+
     def ignore_unowned(self, tensors: Sequence[torch.Tensor]) -> None:
         """Tensors that get gradients with no optimizer on purpose."""
         if self._ownership is not None:

@@ -72,6 +72,11 @@ class InvariantLink:
         """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it)."""
         self._offset = step - self.checker.steps_done + 1
 
+    def idle_steps(self) -> int:
+        """Coming steps on which neither the checker's hooks nor :meth:`sync` matter: the step
+        before the checker's next work syncs (the offset may drift if an optimizer skips a step)."""
+        return max(self.checker.idle_steps() - 1, 0)
+
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.checker.add_optimizer(optimizer)
 

@@ -148,6 +148,13 @@ class NonFiniteGuard:
         self._handles.clear()
         self.capture.close()
 
+    @property
+    def idle(self) -> bool:
+        """Whether :meth:`next_step` has nothing to do on the coming steps while the norms are not
+        due: ``report``, nothing measured or kept, the model's roots hooked."""
+        return (self.settings.policy == "report" and not self.measured and not self.capture.armed
+                and bool(self.capture.roots))
+
     def next_step(self, norms_due: bool) -> None:
         """The Monitor recorded the step (one call a step: each costs microseconds there). Its calls
         and norms are no longer needed; the model's roots, once discovered, are hooked; the next

@@ -100,8 +100,9 @@ class CallWatch:
         self._counted = 0  # looks whose labels were counted for the prior
         self._labels = 0  # class-index labels seen in looks, one per example
         self.looked = 0  # looks taken
-        # Looks not yet taken (a Monitor that stopped stepping drops the oldest, not the memory).
-        self._pending: deque[PendingLook] = deque(maxlen=_KEPT_LOOKS)
+        #: Looks not yet taken (a Monitor that stopped stepping drops the oldest, not the memory);
+        #: its truth is the Monitor's test at every step.
+        self.pending: deque[PendingLook] = deque(maxlen=_KEPT_LOOKS)
 
     def take_clips_without_gradients(self) -> int:
         """How many clip calls saw no gradient since the last call of this (the Monitor's step)."""
@@ -118,7 +119,7 @@ class CallWatch:
         """A look was taken (training thread): tell the owner when the class count is new."""
         classes = pending.classes
         self.looked += 1
-        self._pending.append(pending)
+        self.pending.append(pending)
         if classes >= 2 and classes != self._classes:
             self._classes, self._label_counts, self._counted = classes, [], 0
             self._on_classes(classes, None)
@@ -126,7 +127,7 @@ class CallWatch:
     def take_looks(self) -> list[PendingLook]:
         """The looks that have reached the host since the last call (the Monitor's step), in order,
         for :meth:`read` on the step worker's thread."""
-        pending, looks = self._pending, []
+        pending, looks = self.pending, []
         while pending and pending[0].landed():
             looks.append(pending.popleft())
         return looks

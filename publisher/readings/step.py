@@ -65,6 +65,28 @@ class StepReadings:
             self.waiting.append((name, value))
 
 
+#: A quiet step as the training thread queues it (``Monitor.step`` on a step where nothing is due:
+#: :meth:`StepReadings.of_quiet` builds its readings on the step worker): step, end time, seconds
+#: since the previous step, loss (a float or None), learning rate, tokens, samples, data time,
+#: compute marks, batch fingerprints. A tuple: on the training thread an object would cost a call.
+QuietStep = tuple[int, float, float | None, float | None, float, int | None, int | None, float | None,
+                  Interval | None, tuple[BatchPrint, ...]]
+
+
+def readings_of(item: StepReadings | QuietStep) -> StepReadings:
+    """What the step worker was handed, as readings (a quiet step's tuple unpacked)."""
+    if isinstance(item, StepReadings):
+        return item
+    step, at, elapsed, loss, lr, tokens, samples, data_time, compute, batches = item
+    readings = StepReadings(step, at, elapsed)
+    if loss is not None:
+        readings.metrics["loss"] = loss
+    readings.metrics["lr"] = lr
+    readings.tokens, readings.samples, readings.data_time = tokens, samples, data_time
+    readings.compute, readings.batches = compute, batches
+    return readings
+
+
 def step_loss(losses: Sequence[torch.Tensor], *, shares: bool = False) -> torch.Tensor | None:
     """One optimizer step's loss from the losses of its micro-batches (gradient accumulation, a
     closure evaluated several times), combined on their device without reading them: their mean,

@@ -100,6 +100,15 @@ class BudgetedGradNorm:
         """Whether the next :meth:`due` computes the norms."""
         return self._wait <= 0
 
+    @property
+    def idle_steps(self) -> int:
+        """Coming :meth:`due` calls that will compute nothing."""
+        return max(self._wait, 0)
+
+    def skip(self, steps: int) -> None:
+        """``steps`` calls of :meth:`due` that were not made (the Monitor's quiet steps)."""
+        self._wait -= steps
+
     def due(self, params: Callable[[], Sequence[torch.Tensor]]) -> GradNorms | None:
         """The norms of ``params()`` if the budget allows them on this step, else None (and
         ``params`` is not even called: the common case costs one comparison)."""

@@ -232,6 +232,18 @@ class LayerSampler:
         return SampleLayout(names, shapes, self._learning_rates(params), grads is not None,
                             grads.indices if grads is not None else None)
 
+    def idle_steps(self) -> int:
+        """Coming :meth:`advance` calls that would only count the step: none samples or arms
+        anything, and no model is still being discovered."""
+        discovery = self._discovery
+        if self.sampling or (discovery is not None and not discovery.finished):
+            return 0
+        return max(self._next - self._calls - 2, 0)  # the last one before a sample arms the probes
+
+    def skip(self, steps: int) -> None:
+        """``steps`` calls of :meth:`advance` that were not made, within :meth:`idle_steps`."""
+        self._calls += steps
+
     def advance(self, step_time: float | None) -> None:
         """After each ``Monitor.step``: choose the next sampled step and arm the probes for it.
 
