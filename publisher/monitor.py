@@ -251,18 +251,19 @@ class Monitor:
         the latest at :meth:`close`). Nothing here raises because of telemetry.
         """
         try:
-            if self._quiet and step is None and not extra and self._quiet_step(
-                    loss, tokens, samples, data_time):
+            if self._quiet and not extra and self._quiet_step(loss, tokens, samples, data_time, step):
                 return
             self._record_step(loss, tokens, samples, data_time, step, extra)
         except Exception as exc:
             self._telemetry_failed("step()", exc)
 
     def _quiet_step(self, loss: torch.Tensor | float | None, tokens: int | None, samples: int | None,
-                    data_time: float | None) -> bool:
+                    data_time: float | None, step: int | None) -> bool:
         """A step on which nothing is due (:meth:`_plan_quiet`): the least the training thread must
         read now (the time, the loss on the CPU, the learning rate, the compute marks, the batches'
-        fingerprints) queued as one tuple; the step worker builds the rest. False, with nothing
+        fingerprints) queued as one tuple; the step worker builds the rest. A ``step`` given (the
+        framework callbacks give theirs) is taken as it is: the invariants' step offset is synced
+        on the full step before their next check (:meth:`InvariantLink.idle_steps`). False, with nothing
         done, where the step needs more (a loss on a device, a look at a loss call, a clip
         without gradients, a learning rate that is not a float, a second parameter group): the
         quiet steps end there.
@@ -285,15 +286,19 @@ class Monitor:
             loss = float(loss)
         now = time.perf_counter()
         self._quiet -= 1
-        self._step = step = self._step + 1
+        self._step = step = self._step + 1 if step is None else int(step)
         timer = self._timer
         elapsed = timer.tick(now)
         data = timer.data_time(data_time)
         batches = self._batches
         if batches:
             self._batches = []
-        self._submit((step, now, elapsed, loss, lr, tokens, samples, data, self._compute.take(data),
-                      tuple(batches)))
+        try:
+            compute = self._compute.take(data)
+        except Exception as exc:  # a broken mark costs the compute time, not the step's metrics
+            self._telemetry_failed("compute time", exc)
+            compute = None
+        self._submit((step, now, elapsed, loss, lr, tokens, samples, data, compute, tuple(batches)))
         return True
 
     def _plan_quiet(self) -> None:
@@ -341,7 +346,6 @@ class Monitor:
         now = time.perf_counter()
         self._quiet = 0  # planned afresh below
         self._watchdog.thread_id = threading.get_ident()  # the thread whose stalls it reports
-        step_given = step
         step = self._step + 1 if step is None else int(step)
         self._step = step
         timer = self._timer
@@ -384,8 +388,7 @@ class Monitor:
             guard.next_step(self._grad_norm.due_next or (layers is not None and layers.sampling))
         if self._invariants is not None:
             self._invariants.sync(step)
-        if step_given is None:
-            self._plan_quiet()
+        self._plan_quiet()
 
     def _read_grad_norm(self, sampling: bool, readings: StepReadings) -> GradNorms | None:
         """The gradient norms on a sampled step, else as often as ``grad_norm_budget`` allows
