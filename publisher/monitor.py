@@ -137,7 +137,8 @@ class Monitor:
         # Settings are checked before anything binds a port or starts a thread.
         memory = MemoryReader(memory_interval_s, self._params.device)  # read by the step worker
         self._timer = StepTimer()
-        self._compute = ComputeTimer()
+        self._errors = TelemetryErrors()
+        self._compute = ComputeTimer(on_error=self._errors.failed)
         self._compute.watch(self._params.params)
         self._grad_norm = BudgetedGradNorm(grad_norm_budget, self._timer.clock)
         self.run = run or default_run_name()
@@ -145,7 +146,6 @@ class Monitor:
         self.world_size = default_world_size() if world_size is None else world_size
         guard_settings = GuardSettings(on_nonfinite, self.run, self.rank,
                                        None if record is None else Path(record), seed, bool(repro_weights))
-        self._errors = TelemetryErrors()
         self._closed = False
         self._pid = os.getpid()
         self._fetch = DeviceFetch()
@@ -293,12 +293,8 @@ class Monitor:
         batches = self._batches
         if batches:
             self._batches = []
-        try:
-            compute = self._compute.take(data)
-        except Exception as exc:  # a broken mark costs the compute time, not the step's metrics
-            self._telemetry_failed("compute time", exc)
-            compute = None
-        self._submit((step, now, elapsed, loss, lr, tokens, samples, data, compute, tuple(batches)))
+        self._submit((step, now, elapsed, loss, lr, tokens, samples, data, self._compute.take(data),
+                      tuple(batches)))
         return True
 
     def _plan_quiet(self) -> None:
@@ -375,10 +371,7 @@ class Monitor:
         if guard is not None and guard.skipped:
             readings.metrics["nonfinite_skipped"] = float(guard.skipped)
         self._read_lr(readings)
-        try:
-            readings.compute = self._compute.take(readings.data_time)
-        except Exception as exc:
-            self._telemetry_failed("compute time", exc)
+        readings.compute = self._compute.take(readings.data_time)  # a broken mark is counted there
         if extra:
             self._read_extras(extra, readings)
         self._send(readings, grads, sampling)

@@ -396,6 +396,32 @@ def test_marks_that_cost_the_host_time_only_some_steps_and_still_report_their_ow
     assert len(figures) >= 2 and all(0.002 <= seconds < 0.05 for seconds in figures), figures
 
 
+class BrokenDevice(DeviceQueue):
+    """A device whose marks start failing after a few (a CUDA error, a captured stream)."""
+
+    def mark(self) -> tuple[int, float]:
+        if self.taken >= 5:
+            raise RuntimeError("the device is gone")
+        return super().mark()
+
+
+def test_a_broken_mark_costs_the_compute_time_once_and_nothing_else() -> None:
+    """Marks fail in the backward pass's callback and in ``take``: the error is reported once, the
+    timing ends (hooks removed), and the steps go on without a compute time."""
+    errors: list[tuple[str, BaseException]] = []
+    timer = ComputeTimer(choose_marks=lambda params: BrokenDevice(lag=0),
+                         on_error=lambda what, exc: errors.append((what, exc)))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    timer.watch(list(model.parameters()))
+    reported = []
+    for _ in range(8):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        reported.append(timer.reached(timer.take(None)))
+    assert [(what, str(exc)) for what, exc in errors] == [("compute time", "the device is gone")]
+    assert reported[1] is not None and reported[-3:] == [None, None, None]
+    timer.close()
+
+
 def train_timed(device: DeviceQueue, forward_s: list[float]) -> list[float | None]:
     """What a ComputeTimer on ``device`` reports for each of a training loop's steps."""
     timer = ComputeTimer(choose_marks=lambda params: device)

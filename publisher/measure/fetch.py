@@ -73,7 +73,7 @@ _NOTHING = torch.empty(0)
 
 #: Seconds a submission may wait to share one copy with later ones (see the module's docstring).
 GATHER_S = 0.1
-#: Submissions gathered into one copy at most (a bounded list of views between copies).
+#: Submissions gathered into one copy at most (a bounded number of small tensors between copies).
 GATHER_MAX = 64
 
 

@@ -136,8 +136,10 @@ class ComputeTimer:
     """Hooks the trained parameters; :meth:`take` once per step on the training thread, then
     :meth:`reached` with what it gave on the step worker's, gives a compute time."""
 
-    def __init__(self, choose_marks: Callable[[Sequence[torch.Tensor]], Marks | None] = marks_for) -> None:
+    def __init__(self, choose_marks: Callable[[Sequence[torch.Tensor]], Marks | None] = marks_for,
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self._choose_marks = choose_marks
+        self._on_error = on_error
         self._marks: Marks | None = None
         self._handles: dict[int, RemovableHandle] = {}
         #: Whether this backward pass has queued its end-of-pass callback yet.
@@ -202,11 +204,12 @@ class ComputeTimer:
         for a step without both (or one not timed: the marks' ``every_s``). Without a batch since
         the previous step, the step's work is timed from that step's end, less ``data_time``.
 
-        Raises, once, what broke a mark during the backward pass; the hooks are then removed."""
+        What broke a mark (in the backward pass, or here) goes once to ``on_error`` (raised
+        without one) and ends the timing: the hooks are removed, and the step is not timed."""
         if self._failure is not None:
             failure, self._failure = self._failure, None
-            self.close()
-            raise failure
+            self._failed(failure)
+            return None
         marks = self._marks
         if marks is None:
             return None
@@ -222,8 +225,18 @@ class ComputeTimer:
             self._timing = now - self._timed_at >= marks.every_s
             if self._timing:
                 self._timed_at = now
-        self._start, self._started_by_batch = marks.mark() if self._timing else None, False
+        try:
+            self._start, self._started_by_batch = marks.mark() if self._timing else None, False
+        except Exception as exc:
+            self._failed(exc)
+            return None
         return interval
+
+    def _failed(self, exc: Exception) -> None:
+        self.close()
+        if self._on_error is None:
+            raise exc
+        self._on_error("compute time", exc)
 
     def reached(self, interval: Interval | None) -> float | None:
         """The compute time of the latest step the device has finished (``interval``'s own on the
