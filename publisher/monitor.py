@@ -303,13 +303,13 @@ class Monitor:
         invariant checker's next work, the non-finite check's hooks); the parts are told at once
         that those steps will pass (a quiet run that ends early only brings their work forward).
         None while copies from a device are on their way (the steps must reach the worker in
-        order) or where the learning rate is not one float."""
-        self._quiet = 0
+        order), without an optimizer, or where the learning rate is not one float. Called at the
+        end of the full step, which has set ``_quiet`` to 0."""
         quiet = self._grad_norm.idle_steps - 1 if self._params.params else QUIET_STEPS_MAX
-        if quiet <= 0 or self._loss_on_device:
-            return  # a loss on a device is copied with the step's other numbers: no quiet step
         optimizer = self._params.primary
-        groups = optimizer.param_groups if optimizer is not None else [{"lr": None}]
+        if quiet <= 0 or self._loss_on_device or optimizer is None:
+            return  # a loss on a device is copied with the step's other numbers: no quiet step
+        groups = optimizer.param_groups
         if len(groups) != 1 or type(groups[0]["lr"]) is not float or self._fetch.pending:
             return
         guard, layers, invariants = self._guard, self._layers, self._invariants

@@ -84,12 +84,18 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
     inbox.setsockopt(zmq.SNDTIMEO, 30_000)  # a send that blocks waits for the training process this long
     inbox.connect(settings["inbox"])
     answer({"endpoint": publisher.endpoint, "snapshot": publisher.snapshot_endpoint})
-    # A PAIR socket sends only once connected, which ZeroMQ does in the background: this first
-    # report tells the training process that the link is up (a frame it sent before would be lost).
-    with contextlib.suppress(zmq.Again):  # not connected within SNDTIMEO: the loop looks for the parent
-        inbox.send(orjson.dumps({**publisher.stats(), "link_drops": 0}))
-    parent = int(settings["parent"])
     link_drops = 0
+
+    def report(flags: int = 0) -> None:
+        """Send :meth:`Publisher.stats` to the training process; one it does not take is skipped."""
+        with contextlib.suppress(zmq.Again):
+            inbox.send(orjson.dumps({**publisher.stats(), "link_drops": link_drops}), flags)
+
+    # A PAIR socket sends only once connected, which ZeroMQ does in the background: this first
+    # report tells the training process that the link is up (a frame it sent before would be lost);
+    # not connected within SNDTIMEO, the loop looks for the parent.
+    report()
+    parent = int(settings["parent"])
     next_stats = 0.0
     try:
         while True:
@@ -114,8 +120,7 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
                     elif kind == "close":
                         _, status, error, timeout = item
                         publisher.close(status, error, timeout)
-                        with contextlib.suppress(zmq.Again):
-                            inbox.send(orjson.dumps({**publisher.stats(), "link_drops": link_drops}))
+                        report()
                         return 0
                     else:
                         raise ValueError(f"not an item: {item!r:.80}")
@@ -123,8 +128,7 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
                     publisher.count_drop()
             if time.monotonic() >= next_stats:  # the training process reads these when it can
                 next_stats = time.monotonic() + STATS_S
-                with contextlib.suppress(zmq.Again):
-                    inbox.send(orjson.dumps({**publisher.stats(), "link_drops": link_drops}), zmq.NOBLOCK)
+                report(zmq.NOBLOCK)
     finally:
         inbox.close(linger=0)
         context.term()
