@@ -31,14 +31,18 @@ tracker issue 7946, "Convoy effect with I/O bound threads and New GIL").
 from __future__ import annotations
 
 import argparse
+import array
+import mmap
 import os
 import random
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import TypeAlias
 
 import torch
 
@@ -52,6 +56,9 @@ from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS  # noqa: E402
 
 from publisher.detectors.base import TrainingContext  # noqa: E402
 from publisher.detectors.suite import default_detectors  # noqa: E402
+
+#: CPU seconds, added up in element 0: an array in this process, or a float mapped from a file.
+Tally: TypeAlias = "array.array[float] | memoryview[float]"
 
 #: The arms, in the order of even rounds.
 ARMS = ("bare", "thread", "thread, yielding", "process")
@@ -84,8 +91,11 @@ class Work:
             if yielding:
                 time.sleep(0)
 
-    def every_period(self, mode: dict[str, str], spent: list[float]) -> None:
-        """Loop forever: a burst each period while ``mode["arm"]`` is a thread arm."""
+    def every_period(self, mode: dict[str, str], spent: Tally) -> None:
+        """Loop forever: a burst each period while ``mode["arm"]`` is a thread arm, adding its CPU
+        seconds to ``spent[0]``: measured by the working thread itself, the same way in every arm
+        (``/proc/PID/stat`` counts clock ticks of 10 ms, too coarse for the few milliseconds of
+        a short block: the process arm read 0 once in CI)."""
         while True:
             started = time.perf_counter()
             arm = mode["arm"]
@@ -96,11 +106,11 @@ class Work:
             time.sleep(max(0.0, PERIOD_S - (time.perf_counter() - started)))
 
 
-def process_cpu_s(pid: int) -> float:
-    """User and system CPU seconds of a process (``/proc/PID/stat``)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def shared_tally(path: str) -> Tally:
+    """One float in file ``path``, mapped into memory: the process arm's server adds its CPU
+    seconds there and the training process reads them, even while the server is stopped."""
+    with open(path, "r+b") as backing:
+        return memoryview(mmap.mmap(backing.fileno(), 8)).cast("d")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,18 +118,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=12, help="rounds of one block per arm (default 12)")
     parser.add_argument("--passes", type=int, default=60,
                         help="detector-suite passes per 0.1 s (default 60: ~45 us of CPU a MLP step here)")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the process arm's side
+    parser.add_argument("--serve", metavar="TALLY", help=argparse.SUPPRESS)  # the process arm's side
     args = parser.parse_args(argv)
     work = Work(args.passes)
     if args.serve:  # stopped and resumed by signals; killed at the end
         print("ready", flush=True)
-        work.every_period({"arm": "thread"}, [0.0])
+        work.every_period({"arm": "thread"}, shared_tally(args.serve))
     torch.set_num_threads(1)
     loop = mlp(TORCH_CROSS_ENTROPY)
-    mode, thread_cpu = {"arm": "bare"}, [0.0]
+    mode, thread_cpu = {"arm": "bare"}, array.array("d", [0.0])
     threading.Thread(target=work.every_period, args=(mode, thread_cpu), daemon=True).start()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--passes", str(args.passes)],
-                              stdout=subprocess.PIPE, text=True)
+    tally_file = tempfile.NamedTemporaryFile(prefix="gil_share-", suffix=".tally")  # noqa: SIM115
+    tally_file.write(bytes(8))
+    tally_file.flush()
+    server_cpu = shared_tally(tally_file.name)
+    server = subprocess.Popen([sys.executable, __file__, "--serve", tally_file.name, "--passes",
+                               str(args.passes)], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None and server.stdout.readline() == "ready\n"  # its imports done
         os.kill(server.pid, signal.SIGSTOP)
@@ -136,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(server.pid, signal.SIGCONT if arm == "process" else signal.SIGSTOP)
                 time.sleep(PERIOD_S)  # the previous arm's burst is over
                 cpu, started = time.thread_time(), time.perf_counter()
-                thread_before, server_before = thread_cpu[0], process_cpu_s(server.pid)
+                thread_before, server_before = thread_cpu[0], server_cpu[0]
                 times = []
                 for _ in range(steps_per_block):
                     step_started = time.perf_counter()
@@ -145,12 +159,13 @@ def main(argv: list[str] | None = None) -> int:
                 wall[arm] += time.perf_counter() - started
                 train_cpu[arm] += time.thread_time() - cpu
                 background[arm] += thread_cpu[0] - thread_before
-                background[arm] += process_cpu_s(server.pid) - server_before
+                background[arm] += server_cpu[0] - server_before
                 means[arm].append(statistics.fmean(times))
         mode["arm"] = "bare"
     finally:
         server.kill()
         server.wait()
+        tally_file.close()
     steps = args.rounds * steps_per_block
     off_cpu = {arm: wall[arm] - train_cpu[arm] for arm in ARMS}
     per_step = {arm: {"cpu": (train_cpu[arm] - train_cpu["bare"]) / steps * 1e6,
