@@ -44,7 +44,8 @@ from publisher.patches import torch_calls
 from publisher.readings.batches import BatchPrint, LoaderBook, LoaderPasses
 from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.identity import default_rank, default_run_name, default_world_size
-from publisher.readings.memory import DEFAULT_INTERVAL_S, MemoryReader
+from publisher.readings.memory import MemoryReader
+from publisher.readings.memory_cadence import DEFAULT_INTERVAL_S
 from publisher.readings.params import TrainedParams
 from publisher.readings.step import StepReadings
 from publisher.readings.timing import StepTimer
@@ -84,7 +85,9 @@ class Monitor:
     ``"simulated"`` (a demo source, marked simulated everywhere) or ``"none"``. GPUs are the
     node's, so only local rank 0 (``$LOCAL_RANK``, default 0) samples them.
     ``detectors``: True for :func:`~publisher.detectors.default_detectors`, False for none, or
-    your own list of :class:`~publisher.detectors.base.Detector`.
+    your own list of :class:`~publisher.detectors.base.Detector`. With True, those that read only
+    a step's metrics run in the publisher's process, off this one's GIL
+    (:mod:`publisher.detectors.published`); a list of your own runs on the step worker.
     ``grad_norm_budget``: the share of step time the gradient norm may cost on average (default
     0.5 %; 1.0 computes it on every step whatever it costs).
     ``stats``: per-layer samples (gradient and weight norms, update ratios, module output
@@ -93,7 +96,7 @@ class Monitor:
     ``invariants``: the training invariants (:mod:`publisher.invariants`): True for the defaults,
     an :class:`~publisher.invariants.InvariantConfig`, or False. They need the optimizer(s).
     ``memory_interval_s``: how often host and CUDA memory are read at least (0: every step); they
-    are also read every few steps (:data:`~publisher.readings.memory.DEFAULT_EVERY_STEPS`).
+    are also read every few steps (:data:`~publisher.readings.memory_cadence.DEFAULT_EVERY_STEPS`).
     ``hang_after_s``: seconds without a step after which the thread that calls :meth:`step`
     counts as stalled (:mod:`publisher.wire.stall`): stuck (a ``hang`` event), busy elsewhere
     (``busy_pause``) or waiting in a collective (``collective_wait``), named by where it is
@@ -167,8 +170,7 @@ class Monitor:
         )
         self._reporter = self._parts.reporter
         self._context = self._reporter.detectors.context
-        self._context.repeated_batches = bool(repeated_batches)
-        self._context.optimizers = len(self._params.optimizers)
+        self._context.update(repeated_batches=bool(repeated_batches), optimizers=len(self._params.optimizers))
         self._calls = torch_calls.watch(self._saw_classes)
         self._parts.completion.calls = self._calls  # the step worker reads the looks
         self._loaders = LoaderBook()
@@ -482,7 +484,7 @@ class Monitor:
         """
         if not self._params.add_optimizer(optimizer):
             return
-        self._context.optimizers = len(self._params.optimizers)
+        self._context.update(optimizers=len(self._params.optimizers))
         try:
             self._compute.watch(self._params.params)
             if self._layers is not None:
@@ -532,8 +534,7 @@ class Monitor:
 
     def _saw_classes(self, classes: int, label_entropy: float | None) -> None:
         """The loss watch saw the logits' class count (and the labels' entropy)."""
-        context = self._context
-        context.classes, context.label_entropy = classes, label_entropy
+        self._context.update(classes=classes, label_entropy=label_entropy)
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from publisher.threads.gpu import GpuSource
 from publisher.wire.event_kinds import EVENT_KINDS
 from publisher.wire.jsonsafe import json_safe, truncate
 from publisher.wire.protocol import SEVERITIES, wire_numbers
+from publisher.wire.replay import add_replay, replay_record
 from publisher.wire.sidecar_link import SidecarPublisher
 from publisher.wire.transport import Publisher
 from publisher.wire.validation import MAX_NAME_CHARS
@@ -112,10 +113,7 @@ class Reporter:
             repro=repro,
             model=describe_model(model),
         )
-        self._replay = json_safe({
-            "run": run, "rank": rank, "seed": seed, "torch_seed": repro["torch_seed"],
-            "config_hash": repro["config_hash"], "git": repro["git"], "argv": repro["argv"],
-        })
+        self._replay = replay_record(run, rank, seed, repro)
 
     def publish(self, msg_type: str, step: int | None, **body: Any) -> None:
         """Publish, counting a failure instead of raising it."""
@@ -181,5 +179,5 @@ class Reporter:
     def _emit_event(self, step: int | None, body: dict[str, Any]) -> None:
         """An episode's event (detectors, invariants): it carries the step, the rank and what is
         needed to reproduce the run up to it."""
-        body["details"] = {**body["details"], "replay": {**self._replay, "step": step}}
+        add_replay(body, self._replay, step)
         self.publish("event", step, **body)

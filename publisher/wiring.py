@@ -20,6 +20,7 @@ from typing import Any
 
 from publisher.completion import StepCompletion
 from publisher.detectors import Detector, default_detectors
+from publisher.detectors.published import split_defaults
 from publisher.detectors.stall_events import StallEvents
 from publisher.invariants import InvariantConfig
 from publisher.invariants.link import InvariantLink
@@ -42,13 +43,16 @@ log = logging.getLogger(__name__)
 
 
 def _publisher(run: str, rank: int, endpoint: str | None, record: str | os.PathLike[str] | None,
-               heartbeat_extra: Callable[[], Mapping[str, Any]]) -> SidecarPublisher | Publisher:
+               heartbeat_extra: Callable[[], Mapping[str, Any]],
+               detectors: list[str]) -> SidecarPublisher | Publisher:
     """The run's publisher, in a process of its own (:mod:`publisher.wire.sidecar`: its Python off
-    the training process's GIL); where that process cannot start (an embedded or frozen Python
-    without an interpreter to run), on a thread of this process, said once. The publisher's own
-    errors (an unusable endpoint, an unwritable recording) are raised either way."""
+    the training process's GIL) that runs the ``detectors`` named; where that process cannot start
+    (an embedded or frozen Python without an interpreter to run), on a thread of this process, said
+    once. The publisher's own errors (an unusable endpoint, an unwritable recording) are raised
+    either way."""
     try:
-        return SidecarPublisher(run, rank, endpoint=endpoint, record=record, heartbeat_extra=heartbeat_extra)
+        return SidecarPublisher(run, rank, endpoint=endpoint, record=record, heartbeat_extra=heartbeat_extra,
+                                detectors=detectors)
     except SidecarUnavailable as exc:
         log.warning("tuimon: %s; publishing from a thread of the training process instead", exc)
         return Publisher(run, rank, endpoint=endpoint, record=record, heartbeat_extra=heartbeat_extra)
@@ -88,17 +92,24 @@ class MonitorParts:
                                      on_error=errors.failed)
         # GPUs are the node's: only local rank 0 reads them.
         self.gpu_source: GpuSource | None = open_gpu_source(gpu) if local_rank() == 0 else None
+        # The default suite's detectors of published metrics run in the publisher's process.
+        chosen = default_detectors() if detectors is True else list(detectors or ())
+        here, there = split_defaults(chosen) if detectors is True else (chosen, [])
         try:
-            self.publisher = _publisher(run, rank, endpoint, record, self.watchdog.heartbeat_fields)
+            self.publisher = _publisher(run, rank, endpoint, record, self.watchdog.heartbeat_fields, there)
         except BaseException:
             if self.gpu_source is not None:
                 self.gpu_source.close()
             raise
+        if not isinstance(self.publisher, SidecarPublisher):
+            here = chosen
         self.reporter = Reporter(
-            self.publisher, errors, default_detectors() if detectors is True else list(detectors or ()),
+            self.publisher, errors, here,
             rank=rank, gpu=self.gpu_source, max_layers=stats.max_published if stats is not None else 0,
             current_step=current_step,
         )
+        if isinstance(self.publisher, SidecarPublisher) and there:
+            self.reporter.detectors.context.on_update = self.publisher.share_context
         self._errors = errors
         self.completion = StepCompletion(compute, memory, lambda: self.watchdog.thread_id)
         self.worker: StepWorker[StepReadings | QuietStep] = StepWorker(self._finish_step,

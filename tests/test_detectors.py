@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from publisher.detectors import Detector, DetectorSet, Finding, default_detectors
-from publisher.detectors.base import TrainingContext
+from publisher.detectors.base import TrainingContext, overrides
 from publisher.detectors.episodes import EpisodeTracker
 from publisher.detectors.gpu import GpuEcc, GpuImbalance, GpuLowUtil, GpuThrottle
 from publisher.detectors.grads import (
@@ -25,6 +25,7 @@ from publisher.detectors.grads import (
     VanishingGradient,
 )
 from publisher.detectors.loss import ChanceLoss, LossPlateau, LossSpike, NonFiniteLoss
+from publisher.detectors.published import ON_PUBLISHED_METRICS, split_defaults
 from publisher.detectors.schedule import LrVanished
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
@@ -711,3 +712,18 @@ def test_gpu_low_util_judges_only_samples_taken_while_training() -> None:
     busy = GpuLowUtil(window=10)
     one_idle = [gpu(0, 95.0), gpu(1, 10.0)]
     assert all(busy.observe_gpu(step, one_idle) == () for step in range(1, 30)), "gpu_imbalance's"
+
+
+def test_the_detectors_run_in_the_publishers_process_read_nothing_but_a_steps_metrics() -> None:
+    """A detector moved where only the published metrics are would silently lose its layer,
+    batch or loss-call observations: each listed one has ``observe_step`` as its only hook, and
+    the default suite parts into the rest and those, nothing lost or doubled."""
+    for cls in ON_PUBLISHED_METRICS.values():
+        detector = cls()
+        hooks = [hook for hook in ("observe_step", "observe_layers", "observe_batches",
+                                   "observe_loss_calls", "observe_gpu") if overrides(detector, hook)]
+        assert hooks == ["observe_step"], (cls.__name__, hooks)
+    defaults = default_detectors()
+    here, there = split_defaults(defaults)
+    assert sorted([type(d).__name__ for d in here] + there) == sorted(type(d).__name__ for d in defaults)
+    assert set(there) == set(ON_PUBLISHED_METRICS)

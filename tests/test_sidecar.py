@@ -136,7 +136,43 @@ def test_without_an_interpreter_to_start_the_monitor_publishes_from_a_thread_and
     record = tmp_path / "run.jsonl"
     with caplog.at_level("WARNING"):
         mon = Monitor(run="embedded", gpu="none", record=record)
-    mon.step(1.0)
+    for step in range(1, 61):  # every detector runs here then: a spike is still seen
+        mon.step(1.0 + 0.01 * (step % 3) if step != 50 else 40.0)
     mon.close()
     assert "publishing from a thread of the training process instead" in caplog.text
-    assert [m["type"] for m in read_messages(record)][-2:] == ["metrics", "run_end"]
+    messages = read_messages(record)
+    assert [m["type"] for m in messages][-2:] == ["metrics", "run_end"]
+    assert [m["step"] for m in messages if m["type"] == "event" and m["kind"] == "loss_spike"][:1] == [50]
+
+
+def test_the_loss_detectors_judge_in_the_publishers_process_which_never_loads_torch(tmp_path: Path) -> None:
+    """The default suite's detectors of published metrics (loss spike among them) run where the
+    metrics are published, off the training process's GIL; their events carry the replay record
+    and ids of their own, and that process stays small: no torch in it."""
+    record = tmp_path / "run.jsonl"
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = Monitor(model, optimizer, run="judged-there", gpu="none", record=record)
+    maps = Path(f"/proc/{mon.publisher.pid}/maps")
+    for step in range(1, 201):
+        loss = (model(torch.randn(16, 4)) - torch.randn(16, 2)).pow(2).mean()
+        if step == 150:
+            loss = loss * 500  # one corrupted batch
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        mon.step(loss)
+    own = mon.event("checkpoint", "saved", step=200)
+    loaded = maps.read_text() if maps.exists() else None
+    mon.close()
+    if loaded is not None:
+        assert "libtorch" not in loaded and "torch/lib" not in loaded
+    events = [m for m in read_messages(record) if m["type"] == "event"]
+    spikes = [m for m in events if m["kind"] == "loss_spike"]
+    assert [m["step"] for m in spikes][:1] == [150], events
+    assert spikes[0]["details"]["replay"]["run"] == "judged-there"
+    assert spikes[0]["details"]["replay"]["step"] == 150
+    assert len({m["id"] for m in events}) == len({(m["id"], m["kind"]) for m in events})
+    assert own in {m["id"] for m in events} and own != spikes[0]["id"]

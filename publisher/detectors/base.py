@@ -11,8 +11,8 @@ numbers (how many optimizers, how many classes the loss scores) is the set's sha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from publisher.wire.event_kinds import EVENT_KINDS
@@ -30,8 +30,10 @@ Devices = Sequence[Mapping[str, Any]]
 class TrainingContext:
     """What the Monitor tells its detectors about the training, besides the numbers of each step.
 
-    Written from the training thread, read from the step worker's; every field is replaced whole
-    (no lock needed). ``optimizers``: how many optimizers step (more than one is adversarial or
+    Written from the training thread through :meth:`update`, read from the step worker's; every
+    field is replaced whole (no lock needed). ``on_update`` hears each change: the detectors that
+    run in the publisher's process get it from there (:mod:`publisher.detectors.published`).
+    ``optimizers``: how many optimizers step (more than one is adversarial or
     multi-objective training, whose losses are not expected to fall on their own). ``classes``:
     the number of classes the classification loss scores (from the logits' shape, seen by the
     watch of the losses), ``label_entropy``: the entropy of the labels seen, in nats (the loss
@@ -43,6 +45,22 @@ class TrainingContext:
     classes: int | None = None
     label_entropy: float | None = None
     repeated_batches: bool = False
+    on_update: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False, compare=False)
+
+    def update(self, **changes: Any) -> None:
+        """Replace the fields named in ``changes`` and tell :attr:`on_update` (raises ValueError
+        for a name that is not a field, before changing any)."""
+        unknown = [name for name in changes if name not in _CONTEXT_FIELDS]
+        if unknown:
+            raise ValueError(f"not fields of the training context: {', '.join(unknown)}")
+        for name, value in changes.items():
+            setattr(self, name, value)
+        if self.on_update is not None:
+            self.on_update(changes)
+
+
+#: What :meth:`TrainingContext.update` may change.
+_CONTEXT_FIELDS = frozenset(item.name for item in fields(TrainingContext)) - {"on_update"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,8 +51,10 @@ class EpisodeTracker:
     thread (the training loop or the GPU sampler), so the per-owner state needs no lock.
     """
 
-    def __init__(self, emit: EmitEvent, *, rank: int = 0, min_update_s: float = 2.0) -> None:
+    def __init__(self, emit: EmitEvent, *, rank: int = 0, min_update_s: float = 2.0,
+                 id_prefix: str = "") -> None:
         self.rank = rank
+        self._id_prefix = id_prefix
         self.min_update_s = min_update_s
         self._emit = emit
         self._ids = itertools.count()
@@ -61,8 +63,9 @@ class EpisodeTracker:
         self.open_owners = self._open
 
     def new_id(self) -> str:
-        """A fresh event id, unique within the run: ``"<rank>-<n>"``."""
-        return f"{self.rank}-{next(self._ids)}"
+        """A fresh event id, unique within the run: ``"<rank>-<prefix><n>"`` (a tracker in another
+        process of the rank has a prefix of its own)."""
+        return f"{self.rank}-{self._id_prefix}{next(self._ids)}"
 
     def observe(
         self, owner: object, step: int | None, findings: Sequence[Finding], quiet_to_close: int

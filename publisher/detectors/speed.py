@@ -17,7 +17,7 @@ import psutil
 
 from publisher.detectors.base import Detector, Finding, Metrics, fmt, where
 from publisher.measure.budget import StepClock
-from publisher.readings.memory import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
+from publisher.readings.memory_cadence import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
 from publisher.wire.stall import pause_s, threshold_s
 
 _MIB = 1024 * 1024

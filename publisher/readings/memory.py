@@ -26,12 +26,10 @@ from collections.abc import Callable
 import torch
 
 from publisher.readings import sysinfo
+from publisher.readings.memory_cadence import DEFAULT_EVERY_STEPS, DEFAULT_INTERVAL_S
 
-#: Memory is read at least this often...
-DEFAULT_INTERVAL_S = 0.1
-#: ...and every this many steps, when that is sooner...
-DEFAULT_EVERY_STEPS = 4
-#: ...but not sooner than this.
+#: Memory is read at least every DEFAULT_INTERVAL_S, and every DEFAULT_EVERY_STEPS steps when that
+#: is sooner, but not sooner than this.
 MIN_INTERVAL_S = 0.02
 
 

@@ -1,9 +1,11 @@
 """The publisher's own process: encoding, sending, recording, snapshots and heartbeats, out of training.
 
-Run as ``python -m publisher.wire.sidecar`` by :class:`~publisher.wire.sidecar_link.SidecarPublisher`,
-never by hand. Threads of the training process share its GIL, so a sender thread's Python (numbering,
-encoding, sending, recording each message: ~30 µs a step at ~1 ms steps on a CPU) is paid by the
-training thread in waits for the GIL, about as much again (issue 23, ``benchmarks/gil_share.py``).
+Started by :class:`~publisher.wire.sidecar_link.SidecarPublisher` (``python -m
+publisher.publisher_process``, which adds the detectors that read only published metrics, as a
+:class:`Watcher`), never by hand. Threads of the training process share its GIL, so a sender
+thread's Python (numbering, encoding, sending, recording each message: ~30 µs a step at ~1 ms
+steps on a CPU) is paid by the training thread in waits for the GIL, about as much again (issue
+23, ``benchmarks/gil_share.py``).
 Here the same :class:`~publisher.wire.transport.Publisher` runs in a process of its own, as W&B
 moved its run's work into a separate service process (``wandb-core``); the training process hands
 it the queued messages once per hand-off period, as one JSON array in one ZeroMQ frame.
@@ -12,12 +14,14 @@ The exchange, on a PAIR socket that the training process binds (ipc, in a folder
 enter) and this process connects to:
 
 - first, on standard input, one JSON line of settings (run, rank, host, endpoint, record,
-  heartbeat_s, the inbox address, the training process's pid); this process answers on standard
+  heartbeat_s, the inbox address, the training process's pid, the detectors to run here); this
+  process answers on standard
   output with one JSON line: the bound ``endpoint`` and ``snapshot`` addresses, or the ``error``
   the Publisher raised (its type in ``kind``), and then says nothing more there; its first
   :meth:`Publisher.stats` on the socket says that the socket is connected;
 - then frames, each a JSON array of items: ``["m", type, step, ts, body]`` (a message to publish),
   ``["beat", fields]`` (the training process is alive: the fields of its next heartbeats),
+  ``["ctx", fields]`` (what the training process told its detectors: the :class:`Watcher`'s),
   ``["drops", n]`` (messages it gave up before handing them over), ``["close", status, error,
   timeout]``; after a frame this process sends back its :meth:`Publisher.stats`, every
   :data:`STATS_S` at most, and at close.
@@ -32,15 +36,18 @@ exits: the viewers learn that the run is over instead of waiting for silence to 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 import zmq
 
 from publisher.wire.transport import Publisher
+
+log = logging.getLogger(__name__)
 
 #: Seconds this process waits for a frame before it looks whether the training process is alive.
 POLL_S = 0.5
@@ -65,9 +72,29 @@ class _Relay:
         return self.fields
 
 
-def serve(settings: dict[str, Any], answer: Any) -> int:
+#: Publishes one message from this process: (type, step, body).
+Publish = Callable[[str, "int | None", dict[str, Any]], None]
+
+
+class Watcher(Protocol):
+    """What reads the messages this process publishes (the detectors that need nothing more); it
+    publishes what it finds with the ``publish`` it was made with."""
+
+    def published(self, msg_type: str, step: int | None, body: dict[str, Any]) -> None:
+        """A message was published (its body as the training process queued it)."""
+
+    def context(self, fields: dict[str, Any]) -> None:
+        """The training process's ``["ctx", fields]``."""
+
+    def close(self) -> None:
+        """The run ends: say what is held back (before ``run_end``)."""
+
+
+def serve(settings: dict[str, Any], answer: Any,
+          watcher: Callable[[dict[str, Any], Publish], Watcher] | None = None) -> int:
     """Run one rank's publisher for the training process described by ``settings``; ``answer``
-    writes the start-up line. Returns the exit status."""
+    writes the start-up line; ``watcher`` (settings, publish) makes what reads the published
+    messages. Returns the exit status."""
     heartbeat_s = float(settings.get("heartbeat_s", 1.0))
     relay = _Relay(heartbeat_s)
     try:
@@ -85,6 +112,8 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
     inbox.connect(settings["inbox"])
     answer({"endpoint": publisher.endpoint, "snapshot": publisher.snapshot_endpoint})
     link_drops = 0
+    watching = _Guarded(watcher(settings, lambda msg_type, step, body: publisher.publish(
+        msg_type, step, **body)) if watcher is not None else None)
 
     def report(flags: int = 0) -> None:
         """Send :meth:`Publisher.stats` to the training process; one it does not take is skipped."""
@@ -111,6 +140,9 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
                     if kind == "m":
                         _, msg_type, step, ts, body = item
                         publisher.publish(msg_type, step, ts=ts, **body)
+                        watching.published(msg_type, step, body)
+                    elif kind == "ctx":
+                        watching.context(dict(item[1]))
                     elif kind == "beat":
                         relay.fields, relay.last_beat = dict(item[1]), time.monotonic()
                     elif kind == "drops":
@@ -119,6 +151,7 @@ def serve(settings: dict[str, Any], answer: Any) -> int:
                             publisher.count_drop()
                     elif kind == "close":
                         _, status, error, timeout = item
+                        watching.close()
                         publisher.close(status, error, timeout)
                         report()
                         return 0
@@ -144,15 +177,31 @@ def _items(frame: bytes) -> list[Any]:
     return items if isinstance(items, list) else []
 
 
-def main() -> int:
-    settings = orjson.loads(sys.stdin.buffer.readline())
+class _Guarded:
+    """A :class:`Watcher` (or none) whose failures, but for an item it cannot read (TypeError,
+    ValueError: counted as any bad item), are logged once and end its watching: a bug in what
+    reads the messages must not stop publishing them."""
 
-    def answer(line: dict[str, Any]) -> None:
-        sys.stdout.buffer.write(orjson.dumps(line) + b"\n")
-        sys.stdout.buffer.flush()
+    def __init__(self, watcher: Watcher | None) -> None:
+        self._watcher = watcher
 
-    return serve(settings, answer)
+    def published(self, msg_type: str, step: int | None, body: dict[str, Any]) -> None:
+        if self._watcher is not None:
+            self._call(self._watcher.published, msg_type, step, body)
 
+    def context(self, fields: dict[str, Any]) -> None:
+        if self._watcher is not None:
+            self._call(self._watcher.context, fields)
 
-if __name__ == "__main__":
-    sys.exit(main())
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._call(self._watcher.close)
+
+    def _call(self, method: Callable[..., None], *args: Any) -> None:
+        try:
+            method(*args)
+        except (TypeError, ValueError):
+            raise  # an item it could not read: counted and skipped alone, as any other
+        except Exception:
+            log.exception("tuimon: the publisher's process stopped watching the messages it publishes")
+            self._watcher = None

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 import orjson
@@ -64,6 +64,7 @@ class SidecarPublisher:
         heartbeat_s: float = 1.0,
         heartbeat_extra: Callable[[], Mapping[str, Any]] | None = None,
         queue_max: int = 100_000,
+        detectors: Sequence[str] = (),
     ) -> None:
         self.run = run
         self.rank = rank
@@ -86,7 +87,7 @@ class SidecarPublisher:
         try:
             address = f"ipc://{self._folder}/inbox"
             self._inbox.bind(address)
-            self._process, started = _start(run, rank, endpoint, record, heartbeat_s, address)
+            self._process, started = _start(run, rank, endpoint, record, heartbeat_s, address, detectors)
             if not self._inbox.poll(int(START_TIMEOUT_S * 1000)):  # its first stats: connected
                 raise SidecarUnavailable(f"tuimon's publisher process did not connect within "
                                          f"{START_TIMEOUT_S:.0f} s")
@@ -110,6 +111,13 @@ class SidecarPublisher:
             self.count_drop()
             return
         self._queue.append(["m", msg_type, step, time.time(), body])
+
+    def share_context(self, fields: Mapping[str, Any]) -> None:
+        """Queue what the training process told its detectors, for those that run in the
+        publisher's process (:meth:`TrainingContext.update
+        <publisher.detectors.base.TrainingContext.update>`); in order with the messages."""
+        if not self._closed:
+            self._queue.append(["ctx", dict(fields)])
 
     def count_drop(self) -> None:
         """Count one message its producer gave up (it shows in :meth:`stats` and the heartbeats)."""
@@ -248,19 +256,21 @@ class SidecarPublisher:
 
 
 def _start(run: str, rank: int, endpoint: str | None, record: str | os.PathLike[str] | None,
-           heartbeat_s: float, inbox: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """Start the publisher's process and wait for it to bind; raise what it could not do."""
+           heartbeat_s: float, inbox: str,
+           detectors: Sequence[str]) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """Start the publisher's process and wait for it to bind; raise what it could not do.
+    ``detectors``: the names of those it runs on the metrics it publishes."""
     env = {key: value for key, value in os.environ.items() if key != "TUIMON_AUTOSTART"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_SOURCE_ROOT, env.get("PYTHONPATH"))))
     try:
-        process = subprocess.Popen([sys.executable, "-m", "publisher.wire.sidecar"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, env=env, close_fds=True)
+        process = subprocess.Popen([sys.executable, "-m", "publisher.publisher_process"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
     except OSError as exc:  # no interpreter to start (an embedded or frozen Python): not the user's settings
         raise SidecarUnavailable(f"tuimon's publisher process could not start ({exc})") from exc
     assert process.stdin is not None and process.stdout is not None
     settings = {"run": run, "rank": rank, "endpoint": endpoint,
                 "record": None if record is None else os.fspath(record), "heartbeat_s": heartbeat_s,
-                "inbox": inbox, "parent": os.getpid()}
+                "inbox": inbox, "parent": os.getpid(), "detectors": list(detectors)}
     try:
         process.stdin.write(orjson.dumps(settings) + b"\n")
         process.stdin.close()
