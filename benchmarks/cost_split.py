@@ -21,13 +21,15 @@ monitored step it splits the cost into:
   call path for hooked modules, the watched torch calls such as the loss's wrapper). So the
   monitored step's extra time is ``step()`` (mean) + ``hooks`` + ``cpu`` + ``waits``;
 - per background thread (``worker``: the step worker, which assembles messages and runs the
-  detectors of layer samples, batches and loss calls; ``link``: hands the queued messages to the publisher's process, one frame per hand-off;
-  ``gpu``: the GPU sampler; ``watchdog``), its CPU time per step, read from Linux's per-thread
-  ``schedstat`` (publisher/threads/thread_usage.py); the header says what one sleep-and-wake of a
-  thread costs on the machine (:func:`wake_cpu_us`), a floor of those columns where wakes are dear;
+  detectors of layer samples, batches and loss calls; ``link``: hands the queued messages to the
+  publisher's process, one frame per hand-off; ``gpu``: the GPU sampler; ``watchdog``), its CPU
+  time per step, read from Linux's per-thread ``schedstat`` (publisher/threads/thread_usage.py);
+  the header says what one sleep-and-wake of a thread costs on the machine (:func:`wake_cpu_us`),
+  a floor of those columns where wakes are dear;
 - ``process``: the publisher's own process (publisher/publisher_process.py: numbering, encoding,
-  sending, recording, and the detectors of published metrics), its CPU time per step, all its threads: on another core, outside the GIL
-  of the training process, so not time taken from training where a core is free.
+  sending, recording, and the detectors of published metrics), its CPU time per step, all its
+  threads: on another core, outside the GIL of the training process, so not time taken from
+  training where a core is free.
 
 Models: ``mlp``, the ~1 ms two-hidden-layer MLP of overhead.py; ``deep``, 48 layers of 64 units
 (many small parameter tensors: what grows with the number of tensors shows here); ``gpt2``, the
