@@ -15,10 +15,10 @@ enter) and this process connects to:
 
 - first, on standard input, one JSON line of settings (run, rank, host, endpoint, record,
   heartbeat_s, the inbox address, the training process's pid, the detectors to run here); this
-  process answers on standard
-  output with one JSON line: the bound ``endpoint`` and ``snapshot`` addresses, or the ``error``
-  the Publisher raised (its type in ``kind``), and then says nothing more there; its first
-  :meth:`Publisher.stats` on the socket says that the socket is connected;
+  process answers on standard output with one JSON line: the bound ``endpoint`` and
+  ``snapshot`` addresses, or the ``error`` the Publisher raised (its type in ``kind``), and then
+  says nothing more there; its first :meth:`Publisher.stats` on the socket says that the socket
+  is connected;
 - then frames, each a JSON array of items: ``["m", type, step, ts, body]`` (a message to publish),
   ``["beat", fields]`` (the training process is alive: the fields of its next heartbeats),
   ``["ctx", fields]`` (what the training process told its detectors: the :class:`Watcher`'s),
@@ -112,8 +112,8 @@ def serve(settings: dict[str, Any], answer: Any,
     inbox.connect(settings["inbox"])
     answer({"endpoint": publisher.endpoint, "snapshot": publisher.snapshot_endpoint})
     link_drops = 0
-    watching = _Guarded(watcher(settings, lambda msg_type, step, body: publisher.publish(
-        msg_type, step, **body)) if watcher is not None else None)
+    watching = _Guarded(watcher, settings, lambda msg_type, step, body: publisher.publish(
+        msg_type, step, **body))
 
     def report(flags: int = 0) -> None:
         """Send :meth:`Publisher.stats` to the training process; one it does not take is skipped."""
@@ -178,30 +178,43 @@ def _items(frame: bytes) -> list[Any]:
 
 
 class _Guarded:
-    """A :class:`Watcher` (or none) whose failures, but for an item it cannot read (TypeError,
-    ValueError: counted as any bad item), are logged once and end its watching: a bug in what
-    reads the messages must not stop publishing them."""
+    """The :class:`Watcher` that ``make`` makes (or none), whose failures are logged once and end
+    its watching: a bug in what reads the messages must not stop publishing them. A ``ctx`` item
+    it cannot read (TypeError, ValueError) is counted and skipped as any bad item."""
 
-    def __init__(self, watcher: Watcher | None) -> None:
-        self._watcher = watcher
+    def __init__(self, make: Callable[[dict[str, Any], Publish], Watcher] | None,
+                 settings: dict[str, Any], publish: Publish) -> None:
+        self._watcher: Watcher | None = None
+        if make is not None:
+            try:
+                self._watcher = make(settings, publish)
+            except Exception:
+                self._failed()
 
     def published(self, msg_type: str, step: int | None, body: dict[str, Any]) -> None:
-        if self._watcher is not None:
-            self._call(self._watcher.published, msg_type, step, body)
+        watcher = self._watcher
+        if watcher is not None:
+            self._call(lambda: watcher.published(msg_type, step, body))
 
     def context(self, fields: dict[str, Any]) -> None:
-        if self._watcher is not None:
-            self._call(self._watcher.context, fields)
+        watcher = self._watcher
+        if watcher is not None:
+            self._call(lambda: watcher.context(fields), bad_item=True)
 
     def close(self) -> None:
         if self._watcher is not None:
             self._call(self._watcher.close)
 
-    def _call(self, method: Callable[..., None], *args: Any) -> None:
+    def _call(self, action: Callable[[], None], bad_item: bool = False) -> None:
         try:
-            method(*args)
+            action()
         except (TypeError, ValueError):
-            raise  # an item it could not read: counted and skipped alone, as any other
+            if bad_item:
+                raise
+            self._failed()
         except Exception:
-            log.exception("tuimon: the publisher's process stopped watching the messages it publishes")
-            self._watcher = None
+            self._failed()
+
+    def _failed(self) -> None:
+        log.exception("tuimon: the publisher's process stopped watching the messages it publishes")
+        self._watcher = None
