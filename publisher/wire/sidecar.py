@@ -112,8 +112,6 @@ def serve(settings: dict[str, Any], answer: Any,
     inbox.connect(settings["inbox"])
     answer({"endpoint": publisher.endpoint, "snapshot": publisher.snapshot_endpoint})
     link_drops = 0
-    watching = _Guarded(watcher, settings, lambda msg_type, step, body: publisher.publish(
-        msg_type, step, **body))
 
     def report(flags: int = 0) -> None:
         """Send :meth:`Publisher.stats` to the training process; one it does not take is skipped."""
@@ -124,6 +122,10 @@ def serve(settings: dict[str, Any], answer: Any,
     # report tells the training process that the link is up (a frame it sent before would be lost);
     # not connected within SNDTIMEO, the loop looks for the parent.
     report()
+    # Made once the training process may go on (its Monitor waits for the report above, not for
+    # what the watcher imports); frames sent meanwhile wait in the socket.
+    watching = _Guarded(watcher, settings, lambda msg_type, step, body: publisher.publish(
+        msg_type, step, **body))
     parent = int(settings["parent"])
     next_stats = 0.0
     try:
