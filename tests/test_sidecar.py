@@ -23,6 +23,7 @@ from helpers.waiting import wait_until
 
 from publisher.monitor import Monitor
 from publisher.wire import registry
+from publisher.wire.sidecar_link import SidecarPublisher
 
 TRAINING = """
 import sys, time, torch
@@ -176,3 +177,16 @@ def test_the_loss_detectors_judge_in_the_publishers_process_which_never_loads_to
     assert spikes[0]["details"]["replay"]["step"] == 150
     assert len({m["id"] for m in events}) == len({(m["id"], m["kind"]) for m in events})
     assert own in {m["id"] for m in events} and own != spikes[0]["id"]
+
+
+def test_a_publisher_process_whose_detectors_cannot_be_built_still_publishes_and_says_why(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """What watches the published messages is extra: a detector the publisher's process cannot
+    build (a name it does not know) is logged there, and every message still goes out."""
+    record = tmp_path / "run.jsonl"
+    publisher = SidecarPublisher("unwatched", record=record, detectors=["NoSuchDetector"])
+    for step in range(1, 4):
+        publisher.publish("metrics", step=step, metrics={"loss": 1.0})
+    publisher.close()
+    assert [m["step"] for m in read_messages(record) if m["type"] == "metrics"] == [1, 2, 3]
+    assert "not detectors of published metrics: NoSuchDetector" in capfd.readouterr().err
