@@ -44,9 +44,14 @@ ON_PUBLISHED_METRICS: dict[str, type[Detector]] = {
 def split_defaults(defaults: list[Detector]) -> tuple[list[Detector], list[str]]:
     """The default suite parted: the detectors the step worker runs, and the names of those the
     publisher's process builds afresh (each with its default settings, as in ``defaults``)."""
-    here = [detector for detector in defaults if type(detector) not in ON_PUBLISHED_METRICS.values()]
-    there = [type(detector).__name__ for detector in defaults
-             if type(detector) in ON_PUBLISHED_METRICS.values()]
+    here: list[Detector] = []
+    there: list[str] = []
+    for detector in defaults:
+        name = type(detector).__name__
+        if ON_PUBLISHED_METRICS.get(name) is type(detector):
+            there.append(name)
+        else:
+            here.append(detector)
     return here, there
 
 

@@ -66,7 +66,7 @@ class StepReadings:
 
 
 #: A quiet step as the training thread queues it (``Monitor.step`` on a step where nothing is due:
-#: :meth:`StepReadings.of_quiet` builds its readings on the step worker): step, end time, seconds
+#: :func:`readings_of` builds its readings on the step worker): step, end time, seconds
 #: since the previous step, loss (a float or None), learning rate, tokens, samples, data time,
 #: compute marks, batch fingerprints. A tuple: on the training thread an object would cost a call.
 QuietStep = tuple[int, float, float | None, float | None, float, int | None, int | None, float | None,
