@@ -290,13 +290,12 @@ class Monitor:
         self._quiet -= 1
         self._step = step = self._step + 1 if step is None else int(step)
         timer = self._timer
-        elapsed = timer.tick(now)
-        data = timer.data_time(data_time)
+        previous, timer.last_at = timer.last_at, now  # the step clock is the step worker's
         batches = self._batches
         if batches:
             self._batches = []
-        self._submit((step, now, elapsed, loss, lr, tokens, samples, data, self._compute.take(data),
-                      tuple(batches)))
+        self._submit((step, now, previous, loss, lr, tokens, samples, timer.data_time(data_time),
+                      self._compute.take(now), tuple(batches)))
         return True
 
     def _plan_quiet(self) -> None:
@@ -347,7 +346,8 @@ class Monitor:
         step = self._step + 1 if step is None else int(step)
         self._step = step
         timer = self._timer
-        readings = StepReadings(step, now, timer.tick(now))  # on this thread: the budgets read the clock
+        readings = StepReadings(step, now, timer.last_at)  # the step clock is the step worker's
+        timer.last_at = now
         readings.tokens, readings.samples = tokens, samples
         readings.data_time = timer.data_time(data_time)
         layers = self._layers
@@ -373,7 +373,7 @@ class Monitor:
         if guard is not None and guard.skipped:
             readings.metrics["nonfinite_skipped"] = float(guard.skipped)
         self._read_lr(readings)
-        readings.compute = self._compute.take(readings.data_time)  # a broken mark is counted there
+        readings.compute = self._compute.take(now)  # a broken mark is counted there
         if extra:
             self._read_extras(extra, readings)
         self._send(readings, grads, sampling)

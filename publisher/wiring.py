@@ -111,7 +111,7 @@ class MonitorParts:
         if isinstance(self.publisher, SidecarPublisher) and there:
             self.reporter.detectors.context.on_update = self.publisher.share_context
         self._errors = errors
-        self.completion = StepCompletion(compute, memory, lambda: self.watchdog.thread_id)
+        self.completion = StepCompletion(timer, compute, memory, lambda: self.watchdog.thread_id)
         self.worker: StepWorker[StepReadings | QuietStep] = StepWorker(self._finish_step,
                                                                        self.publisher.count_drop)
         self.reporter.announce(run, rank, world_size, params.model, config, seed)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.cli import TUIMON, tuimon_run_command
-from helpers.recordings import of_type, read_messages
+from helpers.recordings import of_type, read_messages, wait_until_recorded
 from torch import nn
 
 from publisher import repro
@@ -229,18 +229,21 @@ def test_with_gradient_accumulation_the_micro_batch_that_reproduces_is_the_one_n
 
 def test_report_keeps_the_model_calls_only_of_the_steps_whose_gradients_it_checks(tmp_path: Path) -> None:
     """A forward hook costs every forward torch's slow call path: under ``report`` on a CPU the
-    capture's hook is on exactly for the steps whose gradient norm is measured (the budget's), and
-    a NaN on such a step is still traced to its module."""
+    capture's hook is on exactly for the steps whose gradient norm is measured (the budget's: every
+    step until the step clock knows the typical step, then few), and a NaN on such a step is still
+    traced to its module."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     hooked = []
     with Monitor(model, optimizer, record=tmp_path / "run.jsonl", gpu="none", stats=False,
                  grad_norm_budget=0.002) as monitor:
-        for _ in range(120):
+        for step in range(1, 141):
             hooked.append(bool(model._forward_hooks))
             _adam_step(model, optimizer, torch.randn(32, 64))
             monitor.step(None)
+            if step == 20:
+                wait_until_recorded(tmp_path / "run.jsonl", step=20)
         while not model._forward_hooks:  # on to the next checked step, and a NaN in its batch
             _adam_step(model, optimizer, torch.randn(32, 64))
             monitor.step(None)
@@ -248,9 +251,9 @@ def test_report_keeps_the_model_calls_only_of_the_steps_whose_gradients_it_check
         bad[5, 7] = float("nan")
         _adam_step(model, optimizer, bad)
         monitor.step(None)
-    metrics = of_type(read_messages(tmp_path / "run.jsonl"), "metrics")[:120]
+    metrics = of_type(read_messages(tmp_path / "run.jsonl"), "metrics")[:140]
     checked = ["grad_norm" in m["metrics"] for m in metrics]
     assert hooked == checked
-    assert 1 < sum(checked) < 60, "the budget skips most steps' norms, and their forwards run bare"
+    assert 1 < sum(checked[20:]) < 60, "the budget skips most steps' norms, and their forwards run bare"
     [event] = _origin_events(tmp_path / "run.jsonl")
     assert event["details"]["origin"]["module"] == "input"

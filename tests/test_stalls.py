@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import SCRIPTS, TUIMON
+from helpers.step_timer import step_ended
 
 from publisher.detectors.episodes import EpisodeTracker
 from publisher.detectors.stall_events import StallEvents
@@ -353,12 +354,12 @@ def test_the_watchdog_wakes_about_once_a_second_while_training_is_healthy() -> N
     if not path.exists():
         pytest.skip("no schedstat here")
     watchdog.thread_id = threading.get_ident()
-    timer.tick(time.perf_counter())
+    step_ended(timer)
     before = int(path.read_text().split()[2])
     until = time.monotonic() + 4.0
     while time.monotonic() < until:
         time.sleep(0.01)
-        timer.tick(time.perf_counter())
+        step_ended(timer)
     wakes = int(path.read_text().split()[2]) - before
     watchdog.stop()
     assert 2 <= wakes <= 8, wakes

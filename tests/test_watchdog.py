@@ -20,11 +20,14 @@ import zmq
 from helpers.cli import TUIMON
 from helpers.ports import free_port
 from helpers.publisher_client import Message, receive
+from helpers.step_timer import step_ended
+from helpers.waiting import wait_until
 
 from publisher.readings.timing import StepTimer
 from publisher.threads import stacks
 from publisher.threads.watchdog import HangWatchdog
 from publisher.wire.protocol import ProtocolError, decode, encode, make_message
+from publisher.wire.stall import Stall
 from publisher.wire.transport import Publisher
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -194,7 +197,7 @@ def test_the_default_threshold_adapts_to_long_steps(tmp_path: Path) -> None:
     adaptive.thread_id = fixed.thread_id = threading.get_ident()
     ticks = []
     for _ in range(6):
-        timer.tick(time.perf_counter())
+        step_ended(timer)
         ticks.append(time.time())
         slow_but_regular_step(0.5)
     for watchdog in (adaptive, fixed):
@@ -216,6 +219,49 @@ def test_the_default_threshold_adapts_to_long_steps(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ bounds and wire
+
+
+class Told:
+    """A stall listener that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.stalls: list[Stall] = []
+        self.pauses: list[float] = []
+
+    def stalled(self, stall: Stall) -> None:
+        self.stalls.append(stall)
+
+    def resumed(self, length_s: float) -> None:
+        self.pauses.append(length_s)
+
+
+@pytest.mark.parametrize("worker_counts", ["during the pause", "after the resume"])
+def test_a_pause_is_told_its_own_length_however_far_behind_the_step_clock_is(worker_counts: str) -> None:
+    """The step worker keeps the step clock, a hand-off (0.1 s) behind the steps, so a short
+    threshold can find the step before a pause not yet counted. The pause is still told its own
+    length, not that of a step beside it: the clock counts the step later, during the pause, or
+    not until after steps resumed."""
+    timer, told = StepTimer(), Told()
+    watchdog = HangWatchdog(timer, after_s=0.1, wake_s=0.02).start(told)
+    watchdog.thread_id = threading.get_ident()
+    for _ in range(5):
+        step_ended(timer)
+        time.sleep(0.005)
+    paused_at = time.perf_counter()
+    before, timer.last_at = timer.last_at, paused_at  # the training thread's half only
+    wait_until(lambda: told.stalls, what="the stall told")
+    if worker_counts == "during the pause":
+        timer.observe(paused_at, before)
+    time.sleep(0.3)
+    resumed_at = time.perf_counter()
+    timer.last_at = resumed_at
+    wait_until(lambda: told.pauses, what="the resume told")
+    if worker_counts == "after the resume":
+        timer.observe(paused_at, before)
+    timer.observe(resumed_at, paused_at)
+    watchdog.stop()
+    assert told.pauses == [pytest.approx(resumed_at - paused_at, abs=0.002)]
+    assert told.pauses[0] > 0.3
 
 
 def test_a_deep_stack_is_cut_to_its_innermost_frames_within_the_heartbeat_bounds() -> None:

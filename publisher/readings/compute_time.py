@@ -69,6 +69,9 @@ class Marks(Protocol):
 
     #: Least seconds between two timed steps (0: every step).
     every_s: float
+    #: Whether a mark is the host's ``time.perf_counter()``, so that a step's end, read on the host,
+    #: is the next step's start (every step is then timed).
+    host_clock: bool
 
     def mark(self) -> Any:
         """A point, now, in the order of the device's work; None where none can be taken."""
@@ -81,6 +84,7 @@ class HostMarks:
     """The host clock, for work done on the CPU: every mark is reached when it is taken."""
 
     every_s = 0.0
+    host_clock = True
 
     def mark(self) -> float:
         return time.perf_counter()
@@ -93,6 +97,7 @@ class CudaMarks:
     """CUDA events on the current stream of one device, read without waiting for them."""
 
     every_s = TIMED_EVERY_S
+    host_clock = False
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
@@ -132,6 +137,13 @@ class Interval(NamedTuple):
     less: float
 
 
+#: One step's marks as the hooks leave them (:meth:`ComputeTimer.take`): its start (None for a step
+#: not timed), its end (None until its backward pass ends), the waits for its later micro-batches,
+#: and whether its first batch started it. A list, written in place by the hooks: on the training
+#: thread, swapping one list for a fresh one costs less than resetting four attributes.
+StepMarks = list[Any]
+
+
 class ComputeTimer:
     """Hooks the trained parameters; :meth:`take` once per step on the training thread, then
     :meth:`reached` with what it gave on the step worker's, gives a compute time."""
@@ -144,10 +156,8 @@ class ComputeTimer:
         self._handles: dict[int, RemovableHandle] = {}
         #: Whether this backward pass has queued its end-of-pass callback yet.
         self._queued = False
-        self._start: Any = None
-        self._started_by_batch = False
-        self._later_waits = 0.0
-        self._end: Any = None
+        #: The marks of the step under way (:data:`StepMarks`).
+        self._open: StepMarks = [None, None, 0.0, False]
         #: Intervals the device has not reached yet (the step worker's, as :meth:`reached` is).
         self._pending: deque[Interval] = deque()
         #: What broke a mark inside a hook (the backward pass must not fail for telemetry).
@@ -185,7 +195,7 @@ class ComputeTimer:
         if self._marks is None:
             return
         try:
-            self._end = self._marks.mark()  # under gradient accumulation the last micro-batch's wins
+            self._open[1] = self._marks.mark()  # under gradient accumulation the last micro-batch's wins
         except Exception as exc:
             self._failure, self._marks = exc, None
 
@@ -194,15 +204,17 @@ class ComputeTimer:
         the waits for later ones (micro-batches) are not compute."""
         if self._marks is None or not self._timing:
             return
-        if self._started_by_batch:
-            self._later_waits += waited_s
+        step = self._open
+        if step[3]:
+            step[2] += waited_s
         else:
-            self._start, self._started_by_batch = self._marks.mark(), True
+            step[0], step[3] = self._marks.mark(), True
 
-    def take(self, data_time: float | None) -> Interval | None:
-        """The step ends (training thread): its marks, for :meth:`reached` on another thread; None
-        for a step without both (or one not timed: the marks' ``every_s``). Without a batch since
-        the previous step, the step's work is timed from that step's end, less ``data_time``.
+    def take(self, at: float) -> StepMarks | None:
+        """The step ends at ``at`` (training thread; ``time.perf_counter``): its marks, for
+        :meth:`reached` on another thread; None where nothing is timed. The next step starts now
+        (on the host clock: at ``at``), unless its first batch starts it; one not timed (the
+        marks' ``every_s``) has no start.
 
         What broke a mark (in the backward pass, or here) goes once to ``on_error`` (raised
         without one) and ends the timing: the hooks are removed, and the step is not timed."""
@@ -213,24 +225,22 @@ class ComputeTimer:
         marks = self._marks
         if marks is None:
             return None
-        start, end = self._start, self._end
-        interval = None
-        if start is not None and end is not None:
-            less = self._later_waits if self._started_by_batch else (data_time or 0.0)
-            interval = Interval(start, end, less)
+        taken = self._open
         # A backward pass that raised never ran its callback: the next one queues its own.
-        self._end, self._later_waits, self._queued = None, 0.0, False
+        self._queued = False
+        if marks.host_clock:
+            self._open = [at, None, 0.0, False]
+            return taken
         if marks.every_s:
-            now = time.perf_counter()
-            self._timing = now - self._timed_at >= marks.every_s
+            self._timing = at - self._timed_at >= marks.every_s
             if self._timing:
-                self._timed_at = now
+                self._timed_at = at
         try:
-            self._start, self._started_by_batch = marks.mark() if self._timing else None, False
+            self._open = [marks.mark() if self._timing else None, None, 0.0, False]
         except Exception as exc:
             self._failed(exc)
             return None
-        return interval
+        return taken
 
     def _failed(self, exc: Exception) -> None:
         self.close()
@@ -238,15 +248,19 @@ class ComputeTimer:
             raise exc
         self._on_error("compute time", exc)
 
-    def reached(self, interval: Interval | None) -> float | None:
-        """The compute time of the latest step the device has finished (``interval``'s own on the
-        CPU), or None while there is none; called once a step, in step order, by the step worker,
-        so that the arithmetic and the device's event queries stay off the training thread."""
+    def reached(self, taken: StepMarks | None, data_time: float | None) -> float | None:
+        """The compute time of the latest step the device has finished (``taken``'s own on the
+        CPU), or None while there is none; called once a step with what :meth:`take` gave and the
+        step's data wait, in step order, by the step worker, so that the arithmetic and the device's
+        event queries stay off the training thread. A step without a batch since the previous one
+        is timed from that step's end, less ``data_time``."""
         marks, pending = self._marks, self._pending
         if marks is None:
             return None
-        if interval is not None and len(pending) < PENDING_STEPS:
-            pending.append(interval)
+        if taken is not None and len(pending) < PENDING_STEPS:
+            start, end, later_waits, started_by_batch = taken
+            if start is not None and end is not None:
+                pending.append(Interval(start, end, later_waits if started_by_batch else (data_time or 0.0)))
         reached = None
         while pending:
             interval = pending[0]

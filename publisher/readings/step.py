@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from publisher.readings.batches import BatchPrint
-from publisher.readings.compute_time import Interval
+from publisher.readings.compute_time import StepMarks
 
 
 class StepReadings:
@@ -25,21 +25,21 @@ class StepReadings:
     ``batches``: the fingerprints of the batches the step consumed; ``looks``: the looks at its loss
     calls that reached the host since the previous step, still to be read (on the CPU, measured).
 
-    Raw, for the step worker: ``step``; ``at``, when it ended (``time.perf_counter``); ``elapsed``,
-    the seconds since the previous step (None for the first); ``tokens``, ``samples`` and
+    Raw, for the step worker: ``step``; ``at``, when it ended (``time.perf_counter``);
+    ``previous_at``, when the previous step did (None for the first); ``tokens``, ``samples`` and
     ``data_time`` as given or measured; ``compute``, the marks of its own work; ``grads``, the
     gradient norms where measured (:class:`~publisher.stats.grad_norm.GradNorms`), ``layout`` and
     ``arrays`` a per-layer sample's; ``values``, the device numbers once on the host, in the order
     of ``waiting``.
     """
 
-    __slots__ = ("arrays", "at", "batches", "compute", "data_time", "elapsed", "grads", "layout", "looks",
-                 "metrics", "samples", "step", "tokens", "values", "waiting")
+    __slots__ = ("arrays", "at", "batches", "compute", "data_time", "grads", "layout", "looks",
+                 "metrics", "previous_at", "samples", "step", "tokens", "values", "waiting")
 
-    def __init__(self, step: int, at: float, elapsed: float | None) -> None:
+    def __init__(self, step: int, at: float, previous_at: float | None) -> None:
         self.step = step
         self.at = at
-        self.elapsed = elapsed
+        self.previous_at = previous_at
         self.metrics: dict[str, float] = {}
         self.waiting: list[tuple[str, torch.Tensor]] = []
         self.values: list[torch.Tensor] = []
@@ -49,7 +49,7 @@ class StepReadings:
         self.tokens: int | None = None
         self.samples: int | None = None
         self.data_time: float | None = None
-        self.compute: Interval | None = None
+        self.compute: StepMarks | None = None
         # publisher.stats (GradNorms, SampleLayout): layers above this one, named by type only.
         self.grads: Any = None
         self.layout: Any = None
@@ -66,19 +66,19 @@ class StepReadings:
 
 
 #: A quiet step as the training thread queues it (``Monitor.step`` on a step where nothing is due:
-#: :func:`readings_of` builds its readings on the step worker): step, end time, seconds
-#: since the previous step, loss (a float or None), learning rate, tokens, samples, data time,
-#: compute marks, batch fingerprints. A tuple: on the training thread an object would cost a call.
+#: :func:`readings_of` builds its readings on the step worker): step, end time, the previous
+#: step's end time, loss (a float or None), learning rate, tokens, samples, data time, compute
+#: marks, batch fingerprints. A tuple: on the training thread an object would cost a call.
 QuietStep = tuple[int, float, float | None, float | None, float, int | None, int | None, float | None,
-                  Interval | None, tuple[BatchPrint, ...]]
+                  StepMarks | None, tuple[BatchPrint, ...]]
 
 
 def readings_of(item: StepReadings | QuietStep) -> StepReadings:
     """What the step worker was handed, as readings (a quiet step's tuple unpacked)."""
     if isinstance(item, StepReadings):
         return item
-    step, at, elapsed, loss, lr, tokens, samples, data_time, compute, batches = item
-    readings = StepReadings(step, at, elapsed)
+    step, at, previous_at, loss, lr, tokens, samples, data_time, compute, batches = item
+    readings = StepReadings(step, at, previous_at)
     if loss is not None:
         readings.metrics["loss"] = loss
     readings.metrics["lr"] = lr

@@ -21,13 +21,26 @@ IDLE_AFTER_S = 2.0
 
 
 class StepTimer:
-    """The training thread's clock: :meth:`tick` once per step; :attr:`clock` the typical step."""
+    """When steps end, and how long they typically take.
+
+    :attr:`last_at` is written by the training thread at each step (``Monitor.step``: the hang
+    watchdog reads it, so it must be current); :meth:`observe` is the step worker's, in step order,
+    with the time each step ended and the one before: :attr:`clock` (the typical step, which the
+    cost budgets read) and :attr:`last_time` follow the steps one hand-off later (at most
+    :data:`~publisher.wire.transport.HANDOFF_S`). Why not on the training thread: there, between
+    training steps whose kernels have evicted the caches, keeping the clock cost ~3 us a step on a
+    48-layer model (``benchmarks/step_floor.py``; issue 23 asks for at most 15 us in all).
+    """
 
     def __init__(self) -> None:
         self.clock = StepClock()
+        #: When the latest step ended (``time.perf_counter``; the training thread's).
         self.last_at: float | None = None
-        #: The raw time of the latest step (the typical one is ``clock.seconds``).
+        #: The raw time of the latest step observed (the typical one is ``clock.seconds``).
         self.last_time = 0.0
+        #: The steps the clock has counted and when the latest of them ended, as one tuple so that
+        #: another thread reads the two together (the watchdog: which count a pause follows).
+        self.observed: tuple[int, float | None] = (0, None)
         self._pending_data_time: float | None = None
         #: How long :meth:`track`'s latest batch took to arrive.
         self.last_fetch_s = 0.0
@@ -37,14 +50,14 @@ class StepTimer:
         """Training is over: :meth:`busy` says 0.0 from now on."""
         self._stopped = True
 
-    def tick(self, now: float) -> float | None:
-        """A step ended at ``now``: the seconds since the previous one (None for the first)."""
-        previous, self.last_at = self.last_at, now
-        if previous is None:
-            return None
-        elapsed = now - previous
-        self.last_time = elapsed
-        self.clock.observe(elapsed)
+    def observe(self, at: float, previous: float | None) -> float | None:
+        """A step ended at ``at``, the one before it at ``previous`` (None for the first): its
+        seconds (step worker, in step order)."""
+        elapsed = None if previous is None else at - previous
+        if elapsed is not None:
+            self.last_time = elapsed
+            self.clock.observe(elapsed)
+        self.observed = (self.clock.count, at)
         return elapsed
 
     def track(self, iterable: Iterable[T]) -> Iterator[T]:

@@ -71,11 +71,12 @@ class _Reading:
 
 @dataclass
 class _Watch:
-    """One stall, watched from half the threshold on: the step it follows and the readings of
+    """One stall, watched from half the threshold on: the step it follows, the steps the step
+    clock had counted with it (None until the step worker has observed it), and the readings of
     the latest half threshold (one older, to measure from)."""
 
     step_at: float
-    steps: int
+    steps: int | None = None
     readings: list[_Reading] = field(default_factory=list)
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -228,7 +229,11 @@ class HangWatchdog:
             # Wake just as reading starts, so that readings span half the threshold at the threshold.
             return min(self._wake_s, capture_from - stalled + 0.01)
         if watch is None or watch.step_at != last:
-            watch = self._watch = _Watch(last, timer.clock.count)
+            watch = self._watch = _Watch(last)
+        if watch.steps is None:
+            counted, observed_at = timer.observed
+            if observed_at == last:
+                watch.steps = counted
         watch.add(self._read(thread_id, now), capture_from)
         verdict = stalls.judge({**watch.fields, "stalled_s": stalled}, threshold)
         if verdict.stalled and self._listener is not None:
@@ -248,10 +253,16 @@ class HangWatchdog:
     def _resumed(self, watch: _Watch, last: float) -> None:
         """Steps resumed after ``watch``'s pause: tell the listener how long it lasted (the step
         that ended it, from the step clock; if over 30 steps went by since, the time to the latest
-        step less the typical steps that followed)."""
+        step less the typical steps that followed). The step worker keeps the clock, one hand-off
+        behind the steps: where it had not observed the step before the pause (a threshold under
+        two hand-offs) or has not observed the one after (steps that resumed just before the run
+        closed), the time to the latest step, long by the steps since."""
         clock = self._timer.clock
-        length = clock.took(watch.steps)
-        if length is None:
-            length = last - watch.step_at - (clock.count - watch.steps - 1) * (clock.seconds or 0.0)
+        took = None if watch.steps is None else clock.took(watch.steps)
+        if took is not None:
+            length = took
+        else:
+            followed = 0 if watch.steps is None else max(clock.count - watch.steps - 1, 0)
+            length = last - watch.step_at - followed * (clock.seconds or 0.0)
         if self._listener is not None:
             self._listener.resumed(max(length, 0.0))

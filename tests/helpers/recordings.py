@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from helpers.waiting import wait_until
 from publisher.wire.protocol import decode, encode
 
 
@@ -23,6 +24,14 @@ def write_recording(
 def read_messages(path: Path) -> list[dict[str, Any]]:
     """Every message of a recording, decoded (and so validated) as a viewer reads it."""
     return [decode(line) for line in path.read_bytes().splitlines()]
+
+
+def wait_until_recorded(path: Path, step: int, timeout_s: float = 10.0) -> None:
+    """Wait until the recording at ``path`` holds the metrics of ``step``: the Monitor's step
+    worker has handled the steps so far (and its step clock has timed them)."""
+    wait_until(lambda: path.exists() and any(m["type"] == "metrics" and m["step"] == step
+                                             for m in read_messages(path)),
+               timeout_s=timeout_s, what=f"step {step} in {path.name}")
 
 
 def of_type(messages: Iterable[Mapping[str, Any]], msg_type: str) -> list[Any]:
