@@ -122,6 +122,36 @@ def test_late_joiner_gets_history_by_snapshot_without_gap_or_duplicate(
     assert store.run_view("raw").run_start is not None
 
 
+def test_frames_a_late_joiners_snapshot_held_that_arrive_after_it_are_not_applied_twice(
+    raw_publisher: RawPublisher, sources: list[LiveSource]
+) -> None:
+    """The snapshot comes on its own connection: steps the sender published before serving it
+    (so the snapshot holds them) can reach the viewer's SUB socket after it. Seen once each."""
+    raw_publisher.send(raw_publisher.builder.run_start())
+    stream = Stream(raw_publisher)
+    for _ in range(50):
+        stream.tick()
+    source = start(sources, [raw_publisher.endpoint])
+    wait_until(lambda: stream.request is not None, what="a snapshot request", tick=stream.tick)
+    in_flight = [raw_publisher.metrics_in_flight(stream.step + i, loss=0.5) for i in range(5)]
+    stream.step += len(in_flight)
+    seq, frames = raw_publisher.snapshot_frames()
+    raw_publisher.reply(stream.request, seq, frames)
+    store = source.store
+    joined = stream.step - 1
+    wait_until(lambda: list(store.series("raw", "loss")[0][-1:]) == [joined], what="the snapshot applied")
+    for message in in_flight:
+        raw_publisher.deliver(message)
+    for _ in range(20):
+        stream.tick()
+    last = stream.step - 1
+    wait_until(lambda: list(store.series("raw", "loss")[0][-1:]) == [last], what="the last step")
+
+    steps = list(store.series("raw", "loss")[0])
+    assert steps == list(range(last + 1))  # every step once: nothing missed, nothing twice
+    assert store.counters().gaps == 0
+
+
 def test_real_publisher_found_in_the_registry_and_joined_mid_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sources: list[LiveSource]
 ) -> None:

@@ -49,6 +49,18 @@ class RawPublisher:
         self.builder.ts = time.time()
         return self.send(self.builder.metrics(step, loss=loss))
 
+    def metrics_in_flight(self, step: int, loss: float) -> dict[str, Any]:
+        """A metrics message numbered and kept (a snapshot holds it) whose frame is still on its
+        way to the viewers: :meth:`deliver` sends it."""
+        self.builder.ts = time.time()
+        message = self.builder.metrics(step, loss=loss)
+        self.sent.append(message)
+        return message
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """The frame of a message kept earlier (:meth:`metrics_in_flight`) reaches the viewers."""
+        self.pub.send(encode(message))
+
     def heartbeat(self, step: int) -> dict[str, Any]:
         self.builder.ts = time.time()
         return self.send(self.builder.heartbeat(step, snapshot=self.snapshot_endpoint))

@@ -14,7 +14,8 @@ Late joiners follow ZeroMQ's clone pattern (docs/protocol.md): the first message
 sender proves the subscription is live; from then on its messages are buffered while a DEALER asks
 the sender's ROUTER for a snapshot (address from its heartbeat or its registry entry). The snapshot
 is handed over with the buffered messages whose ``seq`` is above the snapshot's after it, spliced
-into one batch here (sinks never splice), so nothing is missed or applied twice. A sender that does
+into one batch here (sinks never splice), and the live frames the snapshot already held that
+arrive after it are dropped, so nothing is missed or applied twice. A sender that does
 not answer within :data:`SNAPSHOT_TIMEOUT_S` is shown live only.
 """
 
@@ -98,6 +99,9 @@ class _Sender:
     #: Heard from ``seq`` 0 on, but only messages a relay may have forwarded late so far: the last
     #: ``seq`` of them (None once a message proved it is heard live, in order).
     provisional: int | None = None
+    #: Joined by a snapshot up to this ``seq``, and no later message heard yet: a live message
+    #: numbered up to it is one the snapshot held (None from the first later one on).
+    joined_at: int | None = None
 
 
 @dataclass
@@ -247,7 +251,8 @@ class Receiver:
             elif sender.provisional is not None:
                 self.check_start(key, sender, message)
             if sender.live:
-                ready.append(message)
+                if not self.already_joined(sender, message):
+                    ready.append(message)
                 continue
             sender.buffer.append(message)
             if sender.requested_at is None and message["type"] == "heartbeat":
@@ -362,6 +367,22 @@ class Receiver:
                                 snapshot=snapshot))
         sender.buffer = []
         sender.live = True
+        sender.joined_at = seq
+
+    @staticmethod
+    def already_joined(sender: _Sender, message: Mapping[str, Any]) -> bool:
+        """Whether a live ``message`` is one the sender's snapshot held. The snapshot comes on its
+        own connection, so a frame published before it was served can reach the SUB socket after
+        it (or wait there beyond one drain's batch): numbered up to the snapshot's ``seq``, it is
+        dropped. The stream is in order, so the first later message ends the check; so does a
+        ``run_start``, a sender restarted under the same run and rank (numbering from 0 again)."""
+        joined_at = sender.joined_at
+        if joined_at is None:
+            return False
+        if message["seq"] <= joined_at and message["type"] != "run_start":
+            return True
+        sender.joined_at = None
+        return False
 
     def ask_relay_for_the_job(self, beat: Mapping[str, Any]) -> None:
         """A relay's beat: when it is the relay this receiver connected to (or the top of the tree),
