@@ -4,7 +4,7 @@ command (this interpreter writing its stdin to a file), and the real dashboard (
 `run_test`, and `tuimon watch` on a pty).
 
 What must hold: a live event at or above the level alerts once an episode, with a Slack-compatible
-body; the joining snapshot's events never alert; failures are retried; a target that hangs never
+body; the joining snapshot's older events never alert; failures are retried; a target that hangs never
 delays what tail prints, and what it cannot take is dropped and said; the dashboard in the
 background tells its terminal.
 """
@@ -36,7 +36,7 @@ from tuimon.notify.courier import QUEUE_SIZE
 from tuimon.notify.notifier import Notifier
 from tuimon.notify.settings import NotifySettings
 from tuimon.notify.tap import AlertingLiveSource
-from tuimon.sink import Batch, News, Notice, Sink
+from tuimon.sink import Batch, News, Notice, Sink, Snapshot
 from tuimon.ui.app import TuimonApp
 from tuimon.ui.services.desktop_notify import notify_in_background
 
@@ -341,6 +341,27 @@ def test_a_relays_account_of_the_past_never_alerts_but_its_filtered_live_stream_
         notifier.heard(Batch([old.message("event", id="old", **body)], complete=False))
         notifier.heard(Batch([live.message("event", id="new", **body)], complete=False))
         wait_until(lambda: hook.posts, 30, "the live alert")
+    finally:
+        notifier.close()
+    assert hook.ids() == ["new"]
+
+
+def test_a_snapshots_events_alert_only_if_made_since_the_viewer_started(
+    hooks: Callable[..., Hook],
+) -> None:
+    """A snapshot holds what its sender published before serving it: an event made while this
+    viewer was joining reaches it in the snapshot only, and is news; an older one is history."""
+    hook = hooks()
+    notifier = Notifier(NotifySettings(url=hook.url), Board())
+    old = RunBuilder("late", rank=0, t0=notifier.since - 30)
+    joining = RunBuilder("late", rank=0, t0=time.time())
+    body = {"severity": "warning", "kind": "loss_spike", "message": "spike", "details": {}, "count": 1}
+    history = [old.run_start(), old.message("event", id="old", **body),
+               joining.message("event", id="new", **body)]
+    notifier.start()
+    try:
+        notifier.heard(Batch(history, snapshot=Snapshot("late", 0, seq=2, size=len(history))))
+        wait_until(lambda: hook.posts, 30, "the alert of the event made while joining")
     finally:
         notifier.close()
     assert hook.ids() == ["new"]

@@ -72,22 +72,31 @@ class Notifier:
     # ------------------------------------------------------------------ the receiver's thread
 
     def heard(self, batch: Batch) -> None:
-        """What a sink was handed. A snapshot's messages are history: they never alert, their
-        events are only remembered. A batch of filtered streams (``complete`` False) may be a
-        relay's account of the job before this viewer joined (docs/protocol.md, "Late joiners
-        through a relay"), which a receiver hands over like a filtered live batch: its events made
-        before :attr:`since` are taken as history too."""
+        """What a sink was handed. A snapshot's events made before :attr:`since` are history: they
+        never alert, they are only remembered; one made since this viewer started, while it was
+        joining, is news (the snapshot holds what the sender published before serving it, so an
+        event can reach this viewer in the snapshot only). A batch of filtered streams
+        (``complete`` False) may be a relay's account of the job before this viewer joined
+        (docs/protocol.md, "Late joiners through a relay"), which a receiver hands over like a
+        filtered live batch: its events are told apart by the same time."""
         for message in batch.history:
             if message["type"] == "event":
-                self._remember(message)
+                self._news_or_history(message)
         complete = batch.complete
         for message in batch.live:
             if message["type"] != "event":
                 continue
-            if not complete and message["ts"] < self.since:
-                self._remember(message)
-            else:
+            if complete:
                 self._offer(message)
+            else:
+                self._news_or_history(message)
+
+    def _news_or_history(self, event: Mapping[str, Any]) -> None:
+        """An event that may be from before this viewer: alerted if made since it started."""
+        if event["ts"] < self.since:
+            self._remember(event)
+        else:
+            self._offer(event)
 
     def _remember(self, event: Mapping[str, Any]) -> None:
         with self._lock:

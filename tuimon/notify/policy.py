@@ -2,8 +2,8 @@
 
 A detector's episode is one ``id`` re-sent with a higher ``count`` while it lasts
 (docs/protocol.md, "event"), so an alert is keyed by (run, id): the first update heard at or above
-the level alerts, the later ones do not. Episodes a viewer learns from a snapshot (they began
-before it joined) are :meth:`AlertPolicy.remember`-ed, never alerted: a phone should not ring for
+the level alerts, the later ones do not. Episodes a viewer learns from a snapshot that began
+before it started are :meth:`AlertPolicy.remember`-ed, never alerted: a phone should not ring for
 every old event of a run each time someone opens a dashboard.
 
 A run going wrong sends many events at once (every rank's NaN), so alerts are rate limited: at
