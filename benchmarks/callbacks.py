@@ -116,19 +116,12 @@ class Stamps:
         if self._monitor_of is not None and len(self.times) == 1:
             self.watched = self._monitor_of() is not None
 
-    def step_times(self, warmup: int) -> list[float]:
-        """Intervals between stamps, the first ``warmup`` steps left out."""
-        intervals = [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
-        return intervals[max(0, warmup - 1):]
+    def step_times(self) -> list[float]:
+        """Intervals between stamps: every step's time but the first's (no stamp before it)."""
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
 
-    def early_span(self, warmup: int) -> float:
-        """Seconds from the first stamp to the first one :meth:`step_times` keeps: the run's first
-        steps, whose cost is the start's (see :class:`Run`)."""
-        return self.times[max(0, warmup - 1)] - self.times[0] if self.times else 0.0
-
-    def cpu_per_step(self, warmup: int) -> float:
-        """CPU seconds of the whole process per step over the same steps as :meth:`step_times`."""
-        first = max(0, warmup - 1)
+    def cpu_per_step(self, first: int) -> float:
+        """CPU seconds of the whole process per step over the steps from interval ``first`` on."""
         return (self.cpu[-1] - self.cpu[first]) / max(1, len(self.cpu) - 1 - first)
 
     @property
@@ -138,15 +131,23 @@ class Stamps:
 
 @dataclass
 class Run:
-    step_times: list[float]
-    cpu_s: float  # CPU seconds of the process per step (all threads: the Monitor's too)
+    all_times: list[float]  # every step's time, the first ones included (``--phases``)
+    first: int  # the first of them past ``--warmup``
+    cpu_s: float  # CPU seconds of the process per step past ``--warmup`` (all threads: the Monitor's too)
     fixed_s: float  # the whole train()/fit() call minus its steps' span
-    #: The span of the first ``--warmup`` steps, left out of ``step_times``: with a Monitor, the
-    #: start's own work (every layer sampled and invariant checked on the first steps, every loss
-    #: call looked at until the label prior is made, the cost budgets still measuring).
-    early_s: float
-    #: Every step's time, the first ones included (``--phases``).
-    all_times: list[float]
+
+    @property
+    def step_times(self) -> list[float]:
+        """The steps the ratio is taken over: those past ``--warmup``."""
+        return self.all_times[self.first:]
+
+    @property
+    def early_s(self) -> float:
+        """The time of the first ``--warmup`` steps, left out of :attr:`step_times`: with a
+        Monitor, the start's own work (every layer sampled and invariant checked on the first
+        steps, every loss call looked at until the label prior is made, the cost budgets still
+        measuring)."""
+        return sum(self.all_times[:self.first])
 
 
 # ----------------------------------------------------------------------------- the three loops
@@ -256,8 +257,8 @@ def timed_run(framework: str, steps: int, monitored: bool, warmup: int, threads:
         raise RuntimeError(f"{framework}: {len(stamps.times)} steps stamped, {steps} asked for")
     if monitored and not stamps.watched:
         raise RuntimeError(f"{framework}: the monitored arm ran without a Monitor")
-    return Run(stamps.step_times(warmup), stamps.cpu_per_step(warmup), total - stamps.span,
-               stamps.early_span(warmup), stamps.step_times(0))
+    first = max(0, warmup - 1)
+    return Run(stamps.step_times(), first, stamps.cpu_per_step(first), total - stamps.span)
 
 
 #: Bands of steps (from, to) whose ratios ``--phases`` prints: how the start's extra cost fades.

@@ -103,6 +103,20 @@ class _Sender:
     #: numbered up to it is one the snapshot held (None from the first later one on).
     joined_at: int | None = None
 
+    def held_by_snapshot(self, message: Mapping[str, Any]) -> bool:
+        """Whether a live ``message`` is one this sender's snapshot held. The snapshot comes on its
+        own connection, so a frame published before it was served can reach the SUB socket after
+        it (or wait there beyond one drain's batch): numbered up to the snapshot's ``seq``, it is
+        dropped. The stream is in order, so the first later message ends the check; so does a
+        ``run_start``, a sender restarted under the same run and rank (numbering from 0 again)."""
+        joined_at = self.joined_at
+        if joined_at is None:
+            return False
+        if message["seq"] <= joined_at and message["type"] != "run_start":
+            return True
+        self.joined_at = None
+        return False
+
 
 @dataclass
 class _Endpoint:
@@ -251,7 +265,7 @@ class Receiver:
             elif sender.provisional is not None:
                 self.check_start(key, sender, message)
             if sender.live:
-                if not self.already_joined(sender, message):
+                if not sender.held_by_snapshot(message):
                     ready.append(message)
                 continue
             sender.buffer.append(message)
@@ -368,21 +382,6 @@ class Receiver:
         sender.buffer = []
         sender.live = True
         sender.joined_at = seq
-
-    @staticmethod
-    def already_joined(sender: _Sender, message: Mapping[str, Any]) -> bool:
-        """Whether a live ``message`` is one the sender's snapshot held. The snapshot comes on its
-        own connection, so a frame published before it was served can reach the SUB socket after
-        it (or wait there beyond one drain's batch): numbered up to the snapshot's ``seq``, it is
-        dropped. The stream is in order, so the first later message ends the check; so does a
-        ``run_start``, a sender restarted under the same run and rank (numbering from 0 again)."""
-        joined_at = sender.joined_at
-        if joined_at is None:
-            return False
-        if message["seq"] <= joined_at and message["type"] != "run_start":
-            return True
-        sender.joined_at = None
-        return False
 
     def ask_relay_for_the_job(self, beat: Mapping[str, Any]) -> None:
         """A relay's beat: when it is the relay this receiver connected to (or the top of the tree),
