@@ -22,7 +22,9 @@ Per-layer samples measure what the step did (``|dw| / |w|`` from elements copied
 ``optimizer.step()``), so a sample in which most trained parameters did not move (a ratio under
 float32's eps: at most a few elements moved by one unit in the last place) while their gradients
 flow (at least 1e-3 of their largest gradient norm so far: converged training has gradients a
-million times smaller before its updates drop below resolution) and ``lr * |g| / |w|`` is itself
+million times smaller before its updates drop below resolution; and at least eps of the weight, so
+that a rate of 1 would move it: gradients smaller than that have vanished, the
+``vanishing_gradient`` detector's, and no rate is to blame) and ``lr * |g| / |w|`` is itself
 under resolution (else the update was lost on its way, fp16 weights: ``update_ratio``'s) names it
 too, on ``confirm`` (3) samples in a row spanning at least ``confirm_steps`` (10) steps. A rate
 that rose since the previous sample (warm-up) restarts the count, and one under a tenth of its
@@ -106,8 +108,8 @@ class LrVanished(Detector):
             self._lr_peaks[p.name] = lr_peak = max(lr_peak, lr)
             grad_peak = self._grad_peaks[p.name] = max(self._grad_peaks.get(p.name, 0.0), grad)
             judged.append(p)
-            if (ratio < FLOAT32_EPS and grad >= 1e-3 * grad_peak and lr >= 0.1 * lr_peak
-                    and lr * grad / size < 100 * FLOAT32_EPS):
+            if (ratio < FLOAT32_EPS and grad >= 1e-3 * grad_peak and grad >= FLOAT32_EPS * size
+                    and lr >= 0.1 * lr_peak and lr * grad / size < 100 * FLOAT32_EPS):
                 stuck.append(p)
         if rose or not judged or 2 * len(stuck) < len(judged):
             self._stuck_since, self._stuck_samples, self._unmoved_finding = None, 0, None
