@@ -157,10 +157,6 @@ class StatusBoard:
             _log.warning("invariant checker: emitting %s failed", args[0], exc_info=True)
 
 
-
-
-
-
 class PendingResults:
     """Verdicts still on their way from the device, handed to their callbacks in order.
 
@@ -188,20 +184,6 @@ class PendingResults:
                 callback(value.wait())
             except Exception as exc:
                 self._on_error(owner, exc)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 @dataclass
@@ -239,7 +221,3 @@ class WatchedOptimizer:
         position = i - sum(self._layout[:group])
         shape = "x".join(str(s) for s in param.shape) or "scalar"
         return namer.name(param, f"optimizer {self.index} group {group} #{position} [{shape}]")
-
-
-
-

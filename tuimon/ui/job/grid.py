@@ -264,4 +264,3 @@ def _separator(index: int, cursor: int, *, row_start: bool = False) -> tuple[str
     if index - 1 == cursor and not row_start:
         return "]", _CURSOR_STYLE
     return " ", ""
-
