@@ -9,17 +9,21 @@ blocks of about a second, compared by their mean step times (``blocks.py`` says 
 monitored step it splits the cost into:
 
 - ``step()``: the median time inside ``mon.step()`` on the training thread;
-- ``hooks``: time the per-layer sampler's and the invariant checker's hooks took on the training
-  thread (forward, backward and optimizer hooks; their own meters), per step;
+- ``forward``, ``backward``, ``optimizer``: how much more CPU per step the training thread used
+  in each part of the step (monitored - bare, read from its own clock, ``time.thread_time_ns``,
+  around each part in both arms: ~0.6 µs a read here, four a step): ``zero_grad()``, the batch,
+  the forward and the loss (the watched loss's wrapper, the forward hooks of the sampled steps);
+  ``backward()`` (the compute clock's and the gradient-clearing check's gradient hooks, the
+  sampled steps' probes); ``optimizer.step()`` (the optimizer hooks: the non-finite check, which
+  measures the gradient norm within its budget, the invariants and the update probe). Each also
+  holds what the Monitor slows in torch's own work there (caches its threads evict, torch's
+  slower call path for hooked modules, the system calls of GIL hand-overs);
 - ``waits``: how much longer per step the training thread was off its CPU (monitored - bare:
-  block wall time less the thread's own CPU time, ``time.thread_time``), i.e. waiting for the GIL
-  while a background thread holds it, or for a core the background threads took. CPython counts
-  no GIL waits, but a thread that waits for it sleeps, so its CPU clock stops while its wall clock
-  runs; the bare blocks' own off-CPU time (a few µs a step) is the baseline;
-- ``cpu``: how much more CPU per step the training thread used beyond ``step()`` (the mean call)
-  and ``hooks``: torch's own work slowed by the Monitor (caches its threads evict, torch's slower
-  call path for hooked modules, the watched torch calls such as the loss's wrapper). So the
-  monitored step's extra time is ``step()`` (mean) + ``hooks`` + ``cpu`` + ``waits``;
+  block wall time less the thread's own CPU time), i.e. waiting for the GIL while a background
+  thread holds it, or for a core the background threads took. CPython counts no GIL waits, but a
+  thread that waits for it sleeps, so its CPU clock stops while its wall clock runs; the bare
+  blocks' own off-CPU time (a few µs a step) is the baseline. So the monitored step's extra time
+  is ``step()`` (its mean) + ``forward`` + ``backward`` + ``optimizer`` + ``waits``;
 - per background thread (``worker``: the step worker, which assembles messages and runs the
   detectors of layer samples, batches and loss calls; ``link``: hands the queued messages to the
   publisher's process, one frame per hand-off; ``gpu``: the GPU sampler; ``watchdog``), its CPU
@@ -60,7 +64,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from blocks import arms, block_steps, pair_ratio  # noqa: E402
-from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, _own_seconds, viewer, wait_ready  # noqa: E402
+from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, viewer, wait_ready  # noqa: E402
 
 from publisher.monitor import Monitor  # noqa: E402
 from publisher.readings.cpu_wait import schedstat  # noqa: E402
@@ -70,14 +74,44 @@ THREADS = {"worker": "tuimon-steps", "link": "tuimon-publisher", "gpu": "tuimon-
            "watchdog": "tuimon-watchdog"}
 
 
+#: The parts of a training step whose CPU time the training thread's clock reads, in order.
+PHASES = ("forward", "backward", "optimizer")
+
+
 @dataclass
 class Loop:
-    """A model, its optimizer, and one training step over cycled batches."""
+    """A model, its optimizer, and one training step over cycled batches; ``phase_ns``: the
+    training thread's CPU time in each of :data:`PHASES` over every step taken (ns)."""
 
     name: str
     model: nn.Module
     optimizer: torch.optim.Optimizer
     step: Callable[[], torch.Tensor]
+    phase_ns: list[int]
+
+
+def _loop(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+          forward: Callable[[], torch.Tensor]) -> Loop:
+    """A loop whose step is ``zero_grad()``, ``forward()`` (the batch, the model and the loss),
+    ``backward()`` and the optimizer's step, each part's CPU time added up."""
+    phase_ns = [0] * len(PHASES)
+    clock = time.thread_time_ns
+
+    def step() -> torch.Tensor:
+        started = clock()
+        optimizer.zero_grad()
+        loss = forward()
+        forwarded = clock()
+        loss.backward()
+        backwarded = clock()
+        optimizer.step()
+        done = clock()
+        phase_ns[0] += forwarded - started
+        phase_ns[1] += backwarded - forwarded
+        phase_ns[2] += done - backwarded
+        return loss
+
+    return Loop(name, model, optimizer, step, phase_ns)
 
 
 def _mlp_loop(name: str, layers: list[nn.Module], d_in: int, classes: int,
@@ -87,15 +121,11 @@ def _mlp_loop(name: str, layers: list[nn.Module], d_in: int, classes: int,
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = itertools.cycle([(torch.randn(64, d_in), torch.randint(0, classes, (64,))) for _ in range(64)])
 
-    def step() -> torch.Tensor:
+    def forward() -> torch.Tensor:
         inputs, labels = next(batches)
-        optimizer.zero_grad()
-        loss = cross_entropy(model(inputs), labels)
-        loss.backward()
-        optimizer.step()
-        return loss
+        return cross_entropy(model(inputs), labels)
 
-    return Loop(name, model, optimizer, step)
+    return _loop(name, model, optimizer, forward)
 
 
 def mlp(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
@@ -115,15 +145,11 @@ def gpt2(_: Callable[..., torch.Tensor]) -> Loop:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     rows = itertools.cycle(token_rows(8 * 64).split(8))
 
-    def step() -> torch.Tensor:
+    def forward() -> torch.Tensor:
         tokens = next(rows)
-        optimizer.zero_grad()
-        loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        optimizer.step()
-        return loss
+        return model(input_ids=tokens, labels=tokens).loss
 
-    return Loop("tiny GPT-2", model, optimizer, step)
+    return _loop("tiny GPT-2", model, optimizer, forward)
 
 
 MODELS: dict[str, Build] = {"mlp": mlp, "deep": deep, "gpt2": gpt2}
@@ -169,8 +195,9 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
                 plain.step()
                 mon.step(watched.step())
             steps_per_block = block_steps(plain.step)
-            own_before, threads_before = _own_seconds(mon), thread_cpu_ns()
+            threads_before = thread_cpu_ns()
             process_before = process_cpu_ns(mon.publisher.pid)
+            phases_before = {False: list(plain.phase_ns), True: list(watched.phase_ns)}
             times: dict[bool, list[float]] = {False: [], True: []}
             off_cpu = {False: 0.0, True: 0.0}  # seconds the training thread was not running
             calls: list[float] = []
@@ -193,7 +220,10 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
                 times[True] += block[True]
                 ratios.append(pair_ratio(block[True], block[False]))
             steps = rounds * steps_per_block
-            hooks = (_own_seconds(mon) - own_before) / steps
+            # Extra CPU per step in each part of the step: the monitored loop's less the bare one's.
+            phases = {name: ((watched.phase_ns[i] - phases_before[True][i])
+                             - (plain.phase_ns[i] - phases_before[False][i])) / steps / 1e3
+                      for i, name in enumerate(PHASES)}
             threads = {role: (ns - threads_before[role]) / steps / 1e3
                        for role, ns in thread_cpu_ns().items()}
             threads["process"] = (process_cpu_ns(mon.publisher.pid) - process_before) / steps / 1e3
@@ -204,8 +234,8 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
     return plain.name, {
             "bare_ms": bare * 1e3, "with_ms": with_monitor * 1e3, "ratio": statistics.median(ratios),
             **dict(zip(("q1", "q3"), statistics.quantiles(ratios, n=4)[::2], strict=True)),
-            "call_us": statistics.median(calls) * 1e6, "hooks_us": hooks * 1e6,
-            "cpu_us": (with_monitor - bare - statistics.fmean(calls) - hooks - waits) * 1e6,
+            "call_us": statistics.median(calls) * 1e6,
+            **{f"{name}_us": value for name, value in phases.items()},
             "waits_us": waits * 1e6,
             **{f"{role}_us": value for role, value in threads.items()}}
 
@@ -233,22 +263,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
-          "step() call, means for the rest (step times, hooks, threads); a live viewer subscribed; one "
-          f"sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the median of the "
-          "rounds' ratios, whose middle half is q1-q3: on a shared machine read it as a band")
-    columns = ("bare", "with", "ratio", "step()", "hooks", "cpu", "waits", "worker", "link", "process",
-               "gpu", "watchdog")
+          "step() call, means for the rest (step times, parts of the step, threads); a live viewer "
+          f"subscribed; one sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the "
+          "median of the rounds' ratios, whose middle half is q1-q3: on a shared machine read it as a band")
+    columns = ("bare", "with", "ratio", "step()", *PHASES, "waits", "worker", "link", "process", "gpu",
+               "watchdog")
     header = (f"{'model':<15}" + "".join(f"{name:>9}" for name in columns[:3]) + f"{'rounds q1-q3':>14}"
-              + "".join(f"{name:>9}" for name in columns[3:]))
+              + "".join(f"{name:>10}" for name in columns[3:]))
     print(header)
     print("-" * len(header))
     for name in chosen:
         title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds)
         middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
         print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}"
-              + "".join(f"{r[key]:>7.1f}us" for key in (
-                  "call_us", "hooks_us", "cpu_us", "waits_us", "worker_us", "link_us", "process_us", "gpu_us",
-                  "watchdog_us")),
+              + "".join(f"{r[key]:>8.1f}us" for key in (
+                  "call_us", *(f"{name}_us" for name in PHASES), "waits_us", "worker_us", "link_us",
+                  "process_us", "gpu_us", "watchdog_us")),
               flush=True)
     return 0
 
