@@ -37,9 +37,11 @@ monitored step it splits the cost into:
 
 Models: ``mlp``, the ~1 ms two-hidden-layer MLP of overhead.py; ``deep``, 48 layers of 64 units
 (many small parameter tensors: what grows with the number of tensors shows here); ``gpt2``, the
-tiny GPT-2 of the tests (``tests/helpers/tiny_lm.py``). Printed as a table, each ratio with the
-middle half of its rounds' ratios (``q1-q3``: the band to read on a shared machine); the README's
-table ("What monitoring costs") comes from it.
+tiny GPT-2 of the tests (``tests/helpers/tiny_lm.py``). Each trains as a healthy run does, on
+batches it can learn (``learnable.py``), so that no detector has anything to report: a run that
+does not learn costs its Monitor more (open episodes, events, confirmations of suspicions).
+Printed as a table, each ratio with the middle half of its rounds' ratios (``q1-q3``: the band to
+read on a shared machine); the README's table ("What monitoring costs") comes from it.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from blocks import arms, block_steps, pair_ratio  # noqa: E402
+from learnable import learnable_batches  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, viewer, wait_ready  # noqa: E402
 
 from publisher.monitor import Monitor  # noqa: E402
@@ -114,12 +117,14 @@ def _loop(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
     return Loop(name, model, optimizer, step, phase_ns)
 
 
-def _mlp_loop(name: str, layers: list[nn.Module], d_in: int, classes: int,
+def _mlp_loop(name: str, layers: Callable[[], list[nn.Module]], d_in: int, classes: int,
               cross_entropy: Callable[..., torch.Tensor]) -> Loop:
+    """An MLP of ``layers()`` (made after seeding, so that both arms train the same model) with
+    Adam, over 64 batches of 64 it can learn (:mod:`learnable`)."""
     torch.manual_seed(0)
-    model = nn.Sequential(*layers)
+    model = nn.Sequential(*layers())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    batches = itertools.cycle([(torch.randn(64, d_in), torch.randint(0, classes, (64,))) for _ in range(64)])
+    batches = itertools.cycle(learnable_batches(64, 64, d_in, classes))
 
     def forward() -> torch.Tensor:
         inputs, labels = next(batches)
@@ -129,13 +134,25 @@ def _mlp_loop(name: str, layers: list[nn.Module], d_in: int, classes: int,
 
 
 def mlp(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
-    layers = [nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)]
+    def layers() -> list[nn.Module]:
+        return [nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)]
+
     return _mlp_loop("MLP, 2 hidden", layers, 128, 10, cross_entropy=cross_entropy)
 
 
 def deep(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
-    layers: list[nn.Module] = [nn.Linear(64, 64) if i % 2 == 0 else nn.ReLU() for i in range(96)]
-    return _mlp_loop("48 x 64 units", [*layers, nn.Linear(64, 10)], 64, 10, cross_entropy=cross_entropy)
+    """48 hidden layers, initialised for ReLU (He et al., "Delving Deep into Rectifiers", ICCV
+    2015): with torch's default initialisation the first layers' gradients vanish (1e-20 of the
+    last layer's) and the Monitor rightly reports a run that does not train."""
+    def layers() -> list[nn.Module]:
+        stack: list[nn.Module] = [nn.Linear(64, 64) if i % 2 == 0 else nn.ReLU() for i in range(96)]
+        for layer in stack:
+            if isinstance(layer, nn.Linear):
+                nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+                nn.init.zeros_(layer.bias)
+        return [*stack, nn.Linear(64, 10)]
+
+    return _mlp_loop("48 x 64 units", layers, 64, 10, cross_entropy=cross_entropy)
 
 
 def gpt2(_: Callable[..., torch.Tensor]) -> Loop:

@@ -38,6 +38,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from blocks import arms, block_steps, pair_ratio
+from learnable import learnable_batches
 
 from publisher.monitor import Monitor
 from publisher.patches import torch_calls
@@ -119,9 +120,7 @@ class Trainer:
         layers = [nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()]
         self.model = nn.Sequential(*layers, nn.Linear(hidden, classes)).to(device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
-        self.batches = [(torch.randn(size.batch, d_in, device=device),
-                         torch.randint(0, classes, (size.batch,), device=device))
-                        for _ in range(BATCHES)]
+        self.batches = learnable_batches(BATCHES, size.batch, d_in, classes, device)
         self.batch = size.batch
         self.cross_entropy = cross_entropy
         self.data: Iterator[tuple[torch.Tensor, torch.Tensor]] = itertools.cycle(self.batches)
