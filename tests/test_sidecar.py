@@ -23,7 +23,9 @@ from helpers.waiting import wait_until
 
 from publisher.monitor import Monitor
 from publisher.wire import registry
+from publisher.wire.protocol import decode
 from publisher.wire.sidecar_link import SidecarPublisher
+from publisher.wire.validation import ProtocolError
 
 TRAINING = """
 import sys, time, torch
@@ -190,3 +192,35 @@ def test_a_publisher_process_whose_detectors_cannot_be_built_still_publishes_and
     publisher.close()
     assert [m["step"] for m in read_messages(record) if m["type"] == "metrics"] == [1, 2, 3]
     assert "not detectors of published metrics: NoSuchDetector" in capfd.readouterr().err
+
+
+def test_a_metrics_message_its_detectors_cannot_read_is_skipped_alone_and_they_go_on_judging(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A malformed ``metrics`` message (from a bug, or a caller of the publisher's own ``publish``)
+    must not switch off the detectors that run in the publisher's process: they skip it, say so
+    once, and still name the loss spike that comes later; every message goes out, and a reader
+    refuses the two bad ones alone."""
+    record = tmp_path / "run.jsonl"
+    publisher = SidecarPublisher("misfed", record=record, detectors=["LossSpike"])
+    for step in range(1, 61):
+        if step == 20:
+            publisher.publish("metrics", step=step, metrics=[1.0, 2.0])  # not an object
+        elif step == 30:
+            publisher.publish("metrics", step=step, metrics={"loss": "one"})  # not a number
+        else:
+            loss = 40.0 if step == 50 else 1.0 + 0.01 * (step % 3)
+            publisher.publish("metrics", step=step, metrics={"loss": loss})
+    publisher.close()
+    messages, refused = [], 0
+    for line in record.read_bytes().splitlines():
+        try:
+            messages.append(decode(line))
+        except ProtocolError:
+            refused += 1
+    assert refused == 2
+    good = [step for step in range(1, 61) if step not in (20, 30)]
+    assert [m["step"] for m in messages if m["type"] == "metrics"] == good
+    spikes = [m["step"] for m in messages if m["type"] == "event" and m["kind"] == "loss_spike"]
+    assert spikes[:1] == [50], messages[-5:]
+    err = capfd.readouterr().err
+    assert err.count("could not read a metrics message") == 1, err

@@ -77,7 +77,9 @@ class PublishedMetricsDetectors:
 
     def published(self, msg_type: str, step: int | None, body: dict[str, Any]) -> None:
         if msg_type == "metrics" and step is not None:
-            metrics = body["metrics"]
+            metrics = body.get("metrics")
+            if not isinstance(metrics, dict):
+                raise TypeError(f"its metrics are not an object of numbers: {metrics!r:.80}")
             try:  # numbers on the wire, but for NaN and infinities: "nan", "inf", "-inf"
                 sum(metrics.values())
             except TypeError:

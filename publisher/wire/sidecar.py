@@ -182,11 +182,14 @@ def _items(frame: bytes) -> list[Any]:
 class _Guarded:
     """The :class:`Watcher` that ``make`` makes (or none), whose failures are logged once and end
     its watching: a bug in what reads the messages must not stop publishing them. A ``ctx`` item
-    it cannot read (TypeError, ValueError) is counted and skipped as any bad item."""
+    it cannot read (TypeError, ValueError) is counted and skipped as any bad item; a published
+    message it cannot read is skipped alone by the watcher (it went out: the readers, which check
+    every message, refuse and count it), the first such logged."""
 
     def __init__(self, make: Callable[[dict[str, Any], Publish], Watcher] | None,
                  settings: dict[str, Any], publish: Publish) -> None:
         self._watcher: Watcher | None = None
+        self._unread = 0  # published messages the watcher could not read
         if make is not None:
             try:
                 self._watcher = make(settings, publish)
@@ -195,8 +198,15 @@ class _Guarded:
 
     def published(self, msg_type: str, step: int | None, body: dict[str, Any]) -> None:
         watcher = self._watcher
-        if watcher is not None:
-            self._call(lambda: watcher.published(msg_type, step, body))
+        if watcher is None:
+            return
+        try:
+            self._call(lambda: watcher.published(msg_type, step, body), bad_item=True)
+        except (TypeError, ValueError) as exc:
+            self._unread += 1
+            if self._unread == 1:
+                log.warning("tuimon: the publisher's process could not read a %s message (step %s) and "
+                            "goes on without it: %s", msg_type, step, exc)
 
     def context(self, fields: dict[str, Any]) -> None:
         watcher = self._watcher
