@@ -216,7 +216,7 @@ class Monitor:
             return None
         if force or (self._layers is not None and self._layers.sampling):
             return self._grad_norm.now(self._params.current())
-        return self._grad_norm.due(self._params.current)
+        return self._grad_norm.due(self._params.current, self._timer.last_at)  # the step to be recorded
 
     # -- the hot path ---------------------------------------------------------------------------
 
@@ -396,7 +396,7 @@ class Monitor:
                 grads = guard.norms
             else:
                 grads = (self._grad_norm.now(self._params.current()) if sampling
-                         else self._grad_norm.due(self._params.current))
+                         else self._grad_norm.due(self._params.current, readings.previous_at))
         except Exception as exc:  # a broken measurement costs itself, not the step's metrics
             self._telemetry_failed("gradient norm", exc)
             return None

@@ -723,6 +723,45 @@ def test_a_second_optimizer_joins_the_samples_and_the_invariants(tmp_path: Path)
     assert not [e for e in of_type(messages, "event") if e["severity"] != "info"]
 
 
+def test_with_two_optimizers_a_step_the_budget_measures_reports_its_gradient_norm(tmp_path: Path) -> None:
+    """Each optimizer's update is checked before it applies; the second check of a step used to
+    spend the next step's turn of the budget and replace the first one's norms with None, so
+    wherever the budget leaves gaps a two-optimizer run reported no ``grad_norm`` at all. Every
+    step is measured until the step clock knows the typical step (a hand-off after the first
+    steps); then this budget allows one every few steps (no layer samples here, which measure
+    anyway)."""
+    generator, discriminator = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)
+    opt_g = torch.optim.SGD(generator.parameters(), lr=1e-2)
+    opt_d = torch.optim.SGD(discriminator.parameters(), lr=1e-2)
+    record = tmp_path / "two.jsonl"
+    norms: dict[int, float] = {}
+
+    def train(mon: Monitor, steps: int) -> None:
+        for _ in range(steps):
+            loss = discriminator(generator(torch.randn(8, 4))).pow(2).mean()
+            loss.backward()
+            params = (*generator.parameters(), *discriminator.parameters())
+            norms[mon.current_step + 1] = math.sqrt(sum(float(p.grad.square().sum()) for p in params))
+            opt_g.step()
+            opt_d.step()
+            mon.step(loss)
+            opt_g.zero_grad()
+            opt_d.zero_grad()
+
+    with Monitor(torch.nn.Sequential(generator, discriminator), opt_g, run="two", record=record,
+                 gpu="none", stats=False, grad_norm_budget=0.001) as mon:
+        mon.add_optimizer(opt_d)
+        train(mon, 20)
+        wait_until_recorded(record, step=20)  # the step worker has timed them: the clock knows
+        train(mon, 200)
+    reported = {m["step"]: m["metrics"]["grad_norm"] for m in of_type(read_messages(record), "metrics")
+                if "grad_norm" in m["metrics"]}
+    assert all(value == pytest.approx(norms[step], rel=1e-5) for step, value in reported.items()), \
+        "both models' gradients, as the updates used them"
+    later = [step for step in reported if step > 20]
+    assert 3 <= len(later) <= 100, "0.1 % of a sub-millisecond step: every few steps"
+
+
 def test_simulated_gpus_idle_before_the_first_step_raise_no_low_utilisation(tmp_path: Path) -> None:
     """GPUs idle while the job starts (data loading, compilation) are not "mostly idle"."""
     record = tmp_path / "idle.jsonl"

@@ -90,6 +90,8 @@ class BudgetedGradNorm:
         self._budget = CostBudget(budget, what="grad_norm_budget")
         self._clock = clock
         self._wait = 0  # steps to skip before the next computation
+        #: The step :meth:`due` last decided on (by ``after``), and whether it measured there.
+        self._decided: tuple[float | None, bool] | None = None
 
     def now(self, params: Sequence[torch.Tensor]) -> GradNorms | None:
         """The norms whatever the budget (a sampled step reads them anyway)."""
@@ -109,11 +111,26 @@ class BudgetedGradNorm:
         """``steps`` calls of :meth:`due` that were not made (the Monitor's quiet steps)."""
         self._wait -= steps
 
-    def due(self, params: Callable[[], Sequence[torch.Tensor]]) -> GradNorms | None:
+    def due(self, params: Callable[[], Sequence[torch.Tensor]], after: float | None) -> GradNorms | None:
         """The norms of ``params()`` if the budget allows them on this step, else None (and
-        ``params`` is not even called: the common case costs one comparison)."""
-        if self._wait > 0:
-            self._wait -= 1
+        ``params`` is not even called: the common case costs a few comparisons). The step is
+        told by ``after``, when the one before it was recorded (None before the first): unlike a
+        step number a caller gives, it differs from step to step.
+
+        One decision per step: a second call for the same step (a second optimizer's check
+        before its own update, as in a GAN) gets the same answer, measured afresh (its gradients
+        may have changed since), instead of spending the next step's turn: two optimizers used
+        to halve the wait, and the second one's None replaced the first one's norms, so a GAN's
+        steps lost their ``grad_norm`` wherever the budget left a gap."""
+        decided = self._decided
+        if decided is not None and decided[0] == after:
+            measuring = decided[1]
+        else:
+            measuring = self._wait <= 0
+            self._decided = (after, measuring)
+            if not measuring:
+                self._wait -= 1
+        if not measuring:
             return None
         started = time.perf_counter()
         norms = self._normer(params())
