@@ -306,7 +306,7 @@ class Monitor:
         None while copies from a device are on their way (the steps must reach the worker in
         order), without an optimizer, or where the learning rate is not one float. Called at the
         end of the full step, which has set ``_quiet`` to 0."""
-        quiet = self._grad_norm.idle_steps - 1 if self._params.params else QUIET_STEPS_MAX
+        quiet = self._grad_norm.idle_steps if self._params.params else QUIET_STEPS_MAX
         optimizer = self._params.primary
         if quiet <= 0 or self._loss_on_device or optimizer is None:
             return  # a loss on a device is copied with the step's other numbers: no quiet step
@@ -314,8 +314,8 @@ class Monitor:
         if len(groups) != 1 or type(groups[0]["lr"]) is not float or self._fetch.pending:
             return
         guard, layers, invariants = self._guard, self._layers, self._invariants
-        if guard is not None and not guard.idle:
-            return
+        if guard is not None:
+            quiet = min(quiet, guard.idle_steps())
         if layers is not None:
             quiet = min(quiet, layers.idle_steps())
         if invariants is not None:
@@ -380,7 +380,7 @@ class Monitor:
         if layers is not None:
             layers.advance(timer.clock.seconds)
         if guard is not None:
-            guard.next_step(self._grad_norm.due_next or (layers is not None and layers.sampling))
+            guard.next_step(0 if layers is not None and layers.sampling else self._grad_norm.idle_steps)
         if self._invariants is not None:
             self._invariants.sync(step)
         self._plan_quiet()

@@ -753,13 +753,14 @@ def test_with_two_optimizers_a_step_the_budget_measures_reports_its_gradient_nor
         mon.add_optimizer(opt_d)
         train(mon, 20)
         wait_until_recorded(record, step=20)  # the step worker has timed them: the clock knows
-        train(mon, 200)
+        train(mon, 400)
     reported = {m["step"]: m["metrics"]["grad_norm"] for m in of_type(read_messages(record), "metrics")
                 if "grad_norm" in m["metrics"]}
     assert all(value == pytest.approx(norms[step], rel=1e-5) for step, value in reported.items()), \
         "both models' gradients, as the updates used them"
     later = [step for step in reported if step > 20]
-    assert 3 <= len(later) <= 100, "0.1 % of a sub-millisecond step: every few steps"
+    # Each measured step measures twice (each check afresh): the budget spaces them further.
+    assert 2 <= len(later) <= 200, "0.1 % of a sub-millisecond step: every few steps"
 
 
 def test_simulated_gpus_idle_before_the_first_step_raise_no_low_utilisation(tmp_path: Path) -> None:

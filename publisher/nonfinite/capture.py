@@ -11,14 +11,15 @@ without one draws none, as a rule, and pays one hook: the CPU state's copy alone
 A forward that draws random numbers by hand (noise injected without a dropout module) re-runs
 with other numbers, which the event says (``rng_kept``).
 
-The hooks are on only for a step whose gradients will be checked (:meth:`StepCapture.arm`,
-decided at the end of the step before): a forward hook of any kind sends every forward down
-torch's slow call path, ~11 us of a ~250 us CPU forward (an MLP's forward alone, with and
-without it, alternating). Nothing more is kept: a tensor hook to keep the gradient at the outputs
-cost ~2 % of a 1.7 ms CPU step (measured, ABBA blocks), so the re-run's backward starts from a
-gradient of its own (:mod:`~publisher.nonfinite.origin`). Calls are forgotten at each step's
-end; the last :data:`CALLS_KEPT` of a step are kept (gradient accumulation). Calls whose outputs
-need no gradient (evaluation) are not kept.
+The hooks are on only for a step whose gradients will be checked, and a short gap between two of
+them (:meth:`StepCapture.arm`, decided at the end of a full step, ``NonFiniteGuard.next_step``):
+a forward hook of any kind sends every forward down torch's slow call path, ~11 us of a ~250 us
+CPU forward (an MLP's forward alone, with and without it, alternating). Nothing more is kept: a
+tensor hook to keep the gradient at the outputs cost ~2 % of a 1.7 ms CPU step (measured, ABBA
+blocks), so the re-run's backward starts from a gradient of its own
+(:mod:`~publisher.nonfinite.origin`). Calls are forgotten at each step's end (an unchecked
+step's before its update); the last :data:`CALLS_KEPT` of a step are kept (gradient
+accumulation). Calls whose outputs need no gradient (evaluation) are not kept.
 """
 
 from __future__ import annotations

@@ -50,6 +50,13 @@ from publisher.wire.repro_bundle import POLICIES
 #: hundred steps under ``skip`` is told once it is seen a few times.
 MAX_ANALYSES = 3
 KIND = "nonfinite_origin"
+#: Unchecked steps (``report``) the model's hook stays on through, between two checked ones (else
+#: it is off from the first to the last: put back on only for a checked step). Kept
+#: on, it costs each such forward ~8 us on a ~1 ms CPU MLP step (torch's slow call path, the call
+#: kept, then dropped); taken off and put back, the step before the checked one is a full
+#: ``Monitor.step`` to put it back (~30 us more than a quiet one there, ~65 us on a ~30 ms step
+#: whose kernels evict the caches), and the two changes cost ~5-15 us more.
+ARMED_GAP = 4
 
 
 class NonFiniteStop(RuntimeError):
@@ -126,9 +133,10 @@ class NonFiniteGuard:
         self._on_error = on_error
         #: Whether the norms were measured before this step's update (None is then "not due").
         self.measured = False
-        #: Whether this step's gradient norms are due (the Monitor's budget, or a sampled step):
-        #: with ``report`` the check runs on those steps only. The first step is checked.
-        self._norms_due = True
+        self._acting = settings.policy != "report"
+        #: The Monitor's number of the next step whose gradient norms are due (its budget, or a
+        #: sampled step): with ``report`` the check runs on those steps only. The first is checked.
+        self._due_step = 0
         self._handles: list[RemovableHandle] = []
         self._depth = 0
         self._in_episode = False
@@ -148,31 +156,35 @@ class NonFiniteGuard:
         self._handles.clear()
         self.capture.close()
 
-    @property
-    def idle(self) -> bool:
-        """Whether :meth:`next_step` has nothing to do on the coming steps while the norms are not
-        due: ``report``, nothing measured or kept, the model's roots hooked."""
-        return (self.settings.policy == "report" and not self.measured and not self.capture.armed
-                and bool(self.capture.roots))
+    def idle_steps(self) -> int:
+        """Coming steps on which :meth:`next_step` has nothing to do: ``report``, the model's roots
+        hooked, and steps before the next checked one, less the one before it where the model's
+        hook is to be put back."""
+        if self._acting or not self.capture.roots:
+            return 0
+        before_due = self._due_step - self._current_step() - 1
+        return max(before_due if self.capture.armed else before_due - 1, 0)
 
-    def next_step(self, norms_due: bool) -> None:
-        """The Monitor recorded the step (one call a step: each costs microseconds there). Its calls
-        and norms are no longer needed; the model's roots, once discovered, are hooked; the next
-        step's model calls are kept only if its gradients will be checked (``skip``/``stop``: every
-        step; ``report``: where the norms are measured, ``norms_due``, and read on the host), so
-        that the other steps' forwards run without a hook."""
+    def next_step(self, due_in: int) -> None:
+        """The Monitor recorded the step (one call a step: each costs microseconds there); its
+        norms are due ``due_in`` steps after the next one (0: on the next). This step's calls and
+        norms are no longer needed; the model's roots, once discovered, are hooked; the model's
+        calls are kept only where gradients will be checked (``skip``/``stop``: every step;
+        ``report``: where the norms are measured and read on the host), its hook left on after one
+        of those through a gap of up to :data:`ARMED_GAP` steps before the next (their calls are
+        dropped unchecked), so that the other steps' forwards run without a hook."""
         capture = self.capture
-        keep = self.settings.policy != "report" or (norms_due and self._host_norms)
-        self._norms_due = norms_due
-        if not (self.measured or capture.armed or keep) and capture.roots:
-            return  # nothing was measured or kept on this step, nor will be on the next: the usual case
-        capture.clear()
-        self.norms = None
-        self.measured = False
+        self._due_step = self._current_step() + 1 + due_in
+        if self.measured:
+            self.norms = None
+            self.measured = False
+        if capture.calls:
+            capture.clear()
         if not capture.roots:
             for root in self._roots():
                 capture.attach(root)
-        capture.arm(keep)
+        capture.arm(self._acting or (self._host_norms and (
+            due_in == 0 or (capture.armed and due_in <= ARMED_GAP))))
 
     # -- the hooks ------------------------------------------------------------------------------
 
@@ -180,6 +192,10 @@ class NonFiniteGuard:
         self._depth += 1
         if self._depth > 1:  # a subclass's step() calling super().step(): one training step
             return
+        if not self._acting and self._current_step() + 1 < self._due_step:
+            if self.capture.calls:  # kept through a gap between checked steps: not needed
+                self.capture.clear()
+            return  # ``report`` on a step whose norms are not due: the Monitor's step() counts it
         if kwargs and "found_inf" in kwargs:
             # GradScaler hands a fused optimizer its scaled gradients and the verdict on them: an
             # overflow there is the scaler's to skip, as it does, not a fault.
@@ -193,9 +209,7 @@ class NonFiniteGuard:
             self._on_error("non-finite check", exc)
 
     def _check(self, optimizer: torch.optim.Optimizer) -> None:
-        acting = self.settings.policy != "report"
-        if not (acting or self._norms_due):
-            return  # ``report`` on a step whose norms are not due: the Monitor's step() counts it
+        acting = self._acting
         norms = self.norms = self._measure(acting)
         self.measured = True
         if norms is None:

@@ -98,11 +98,6 @@ class BudgetedGradNorm:
         return self._normer(params)
 
     @property
-    def due_next(self) -> bool:
-        """Whether the next :meth:`due` computes the norms."""
-        return self._wait <= 0
-
-    @property
     def idle_steps(self) -> int:
         """Coming :meth:`due` calls that will compute nothing."""
         return max(self._wait, 0)
