@@ -263,7 +263,7 @@ def test_report_keeps_the_model_calls_only_of_the_steps_whose_gradients_it_check
     measured_at = [i for i in range(140) if checked[i]]
     gaps = [range(a + 1, b) for a, b in itertools.pairwise(measured_at) if b > a + 1]
     assert all([hooked[i] for i in gap] == [len(gap) <= ARMED_GAP] * len(gap) for gap in gaps)
-    assert 1 < sum(checked[20:]) < 60, "the budget skips most steps' norms"
+    assert 1 <= sum(checked[20:]) < 60, "the budget skips most steps' norms"
     assert sum(not hooked[i] for i in range(20, 140)) > 40, "and most forwards run bare"
     [event] = _origin_events(tmp_path / "run.jsonl")
     assert event["details"]["origin"]["module"] == "input"

@@ -12,12 +12,12 @@ A forward that draws random numbers by hand (noise injected without a dropout mo
 with other numbers, which the event says (``rng_kept``).
 
 The hooks are on only for a step whose gradients will be checked, and a short gap between two of
-them (:meth:`StepCapture.arm`, decided at the end of a full step, ``NonFiniteGuard.next_step``):
-a forward hook of any kind sends every forward down torch's slow call path, ~11 us of a ~250 us
-CPU forward (an MLP's forward alone, with and without it, alternating). Nothing more is kept: a
-tensor hook to keep the gradient at the outputs cost ~2 % of a 1.7 ms CPU step (measured, ABBA
-blocks), so the re-run's backward starts from a gradient of its own
-(:mod:`~publisher.nonfinite.origin`). Calls are forgotten at each step's end (an unchecked
+them (:meth:`StepCapture.arm`, from the update before a checked step or the end of a full step:
+``NonFiniteGuard``): a forward hook of any kind sends every forward down torch's slow call
+path, ~11 us of a ~250 us CPU forward (an MLP's forward alone, with and without it,
+alternating). Nothing more is kept: a tensor hook to keep the gradient at the outputs cost ~2 %
+of a 1.7 ms CPU step (measured, ABBA blocks), so the re-run's backward starts from a gradient of
+its own (:mod:`~publisher.nonfinite.origin`). Calls are forgotten at each step's end (an unchecked
 step's before its update); the last :data:`CALLS_KEPT` of a step are kept (gradient
 accumulation). Calls whose outputs need no gradient (evaluation) are not kept.
 """

@@ -51,12 +51,10 @@ from publisher.wire.repro_bundle import POLICIES
 MAX_ANALYSES = 3
 KIND = "nonfinite_origin"
 #: Unchecked steps (``report``) the model's hook stays on through, between two checked ones (else
-#: it is off from the first to the last: put back on only for a checked step). Kept
-#: on, it costs each such forward ~8 us on a ~1 ms CPU MLP step (torch's slow call path, the call
-#: kept, then dropped); taken off and put back, the step before the checked one is a full
-#: ``Monitor.step`` to put it back (~30 us more than a quiet one there, ~65 us on a ~30 ms step
-#: whose kernels evict the caches), and the two changes cost ~5-15 us more.
-ARMED_GAP = 4
+#: it is off from the first to the last, put back by the update before a checked step). Kept on,
+#: it costs each such forward ~8 us on a ~1 ms CPU MLP step (torch's slow call path, the call
+#: kept, then dropped); taken off and put back, ~5-15 us for the two changes.
+ARMED_GAP = 2
 
 
 class NonFiniteStop(RuntimeError):
@@ -158,12 +156,12 @@ class NonFiniteGuard:
 
     def idle_steps(self) -> int:
         """Coming steps on which :meth:`next_step` has nothing to do: ``report``, the model's roots
-        hooked, and steps before the next checked one, less the one before it where the model's
-        hook is to be put back."""
+        hooked, and steps before the next checked one (the update before it puts the model's hook
+        back where it is off: a step whose update does not run, as ``GradScaler`` skips one,
+        leaves the checked step's calls unkept, and a non-finite one then unexplained)."""
         if self._acting or not self.capture.roots:
             return 0
-        before_due = self._due_step - self._current_step() - 1
-        return max(before_due if self.capture.armed else before_due - 1, 0)
+        return max(self._due_step - self._current_step() - 1, 0)
 
     def next_step(self, due_in: int) -> None:
         """The Monitor recorded the step (one call a step: each costs microseconds there); its
@@ -172,7 +170,8 @@ class NonFiniteGuard:
         calls are kept only where gradients will be checked (``skip``/``stop``: every step;
         ``report``: where the norms are measured and read on the host), its hook left on after one
         of those through a gap of up to :data:`ARMED_GAP` steps before the next (their calls are
-        dropped unchecked), so that the other steps' forwards run without a hook."""
+        dropped unchecked), so that the other steps' forwards run without a hook (put back on by
+        the update before a checked step, :meth:`_before`, or here when the next is one)."""
         capture = self.capture
         self._due_step = self._current_step() + 1 + due_in
         if self.measured:
@@ -192,10 +191,15 @@ class NonFiniteGuard:
         self._depth += 1
         if self._depth > 1:  # a subclass's step() calling super().step(): one training step
             return
-        if not self._acting and self._current_step() + 1 < self._due_step:
-            if self.capture.calls:  # kept through a gap between checked steps: not needed
-                self.capture.clear()
-            return  # ``report`` on a step whose norms are not due: the Monitor's step() counts it
+        if not self._acting:
+            steps_to_due = self._due_step - self._current_step() - 1
+            if steps_to_due > 0:  # ``report`` on a step whose norms are not due: step() counts it
+                capture = self.capture
+                if capture.calls:  # kept through a gap between checked steps: not needed
+                    capture.clear()
+                if steps_to_due == 1 and self._host_norms and not capture.armed:
+                    capture.arm(True)  # the next step is checked: its forward's calls are kept
+                return
         if kwargs and "found_inf" in kwargs:
             # GradScaler hands a fused optimizer its scaled gradients and the verdict on them: an
             # overflow there is the scaler's to skip, as it does, not a fault.
