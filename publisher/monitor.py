@@ -183,6 +183,9 @@ class Monitor:
         self._invariants = self._parts.invariants
         #: The checker's own ``offer_graph`` (one call less on every step), None without invariants.
         self._offer_graph = self._invariants.checker.offer_graph if self._invariants is not None else None
+        #: The invariants' step numbering kept in line on every step, quiet ones too: the checks may
+        #: judge on the next one (:meth:`InvariantLink.idle_steps`).
+        self._sync_invariants = self._invariants.sync if self._invariants is not None else None
         self._watchdog = self._parts.watchdog
         self._submit = self._parts.worker.submit
         self._batch: Any = None  # the latest batch, by reference (a repro bundle holds it)
@@ -294,6 +297,8 @@ class Monitor:
         batches = self._batches
         if batches:
             self._batches = []
+        if self._sync_invariants is not None:
+            self._sync_invariants(step)
         self._submit((step, now, previous, loss, lr, tokens, samples, timer.data_time(data_time),
                       self._compute.take(now), tuple(batches)))
         return True
@@ -381,8 +386,8 @@ class Monitor:
             layers.advance(timer.clock.seconds)
         if guard is not None:
             guard.next_step(0 if layers is not None and layers.sampling else self._grad_norm.idle_steps)
-        if self._invariants is not None:
-            self._invariants.sync(step)
+        if self._sync_invariants is not None:
+            self._sync_invariants(step)
         self._plan_quiet()
 
     def _read_grad_norm(self, sampling: bool, readings: StepReadings) -> GradNorms | None:

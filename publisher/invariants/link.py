@@ -73,9 +73,10 @@ class InvariantLink:
         self._offset = step - self.checker.steps_done + 1
 
     def idle_steps(self) -> int:
-        """Coming steps on which neither the checker's hooks nor :meth:`sync` matter: the step
-        before the checker's next work syncs (the offset may drift if an optimizer skips a step)."""
-        return max(self.checker.idle_steps() - 1, 0)
+        """Coming steps on which the checker's hooks need nothing of the Monitor's full step
+        (:meth:`sync` is called on every step, so the numbering is in line for the next check
+        whatever a quiet step did: an optimizer that skipped a step, a caller's own numbers)."""
+        return self.checker.idle_steps()
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.checker.add_optimizer(optimizer)
