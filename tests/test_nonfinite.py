@@ -228,24 +228,44 @@ def test_with_gradient_accumulation_the_micro_batch_that_reproduces_is_the_one_n
     assert not torch.isfinite(case.inputs()[0][0]).all(), "the bundle's inputs are the call that reproduced"
 
 
+def _seeded_mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train_noting_hooks(model: nn.Module, optimizer: torch.optim.Optimizer, monitor: Monitor,
+                        record: Path, steps: int = 140) -> list[bool]:
+    """Train ``steps`` steps, noting before each whether the model's forward is hooked; after step
+    20 wait until the step worker has timed the steps (the budgets then space the norm out)."""
+    hooked = []
+    for step in range(1, steps + 1):
+        hooked.append(bool(model._forward_hooks))
+        _adam_step(model, optimizer, torch.randn(32, 64))
+        monitor.step(None)
+        if step == 20:
+            wait_until_recorded(record, step=20)
+    return hooked
+
+
+def _checked_and_gaps(record: Path, steps: int = 140) -> tuple[list[bool], list[range]]:
+    """Which of the first ``steps`` steps had their norm measured, and the runs of unmeasured steps
+    between two measured ones after step 20."""
+    checked = ["grad_norm" in m["metrics"] for m in of_type(read_messages(record), "metrics")[:steps]]
+    measured_at = [i for i in range(20, steps) if checked[i]]
+    return checked, [range(a + 1, b) for a, b in itertools.pairwise(measured_at) if b > a + 1]
+
+
 def test_report_keeps_the_model_calls_only_of_the_steps_whose_gradients_it_checks(tmp_path: Path) -> None:
     """A forward hook costs every forward torch's slow call path: under ``report`` on a CPU the
     capture's hook is on for the steps whose gradient norm is measured (the budget's: every step
     until the step clock knows the typical step, then few) and left on through a short gap between
     two of them (taking it off and back costs more there), off through longer ones; and a NaN on
     a checked step after a long gap is still traced to its module."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    hooked = []
-    with Monitor(model, optimizer, record=tmp_path / "run.jsonl", gpu="none", stats=False,
-                 grad_norm_budget=0.002) as monitor:
-        for step in range(1, 141):
-            hooked.append(bool(model._forward_hooks))
-            _adam_step(model, optimizer, torch.randn(32, 64))
-            monitor.step(None)
-            if step == 20:
-                wait_until_recorded(tmp_path / "run.jsonl", step=20)
+    model, optimizer = _seeded_mlp()
+    record = tmp_path / "run.jsonl"
+    with Monitor(model, optimizer, record=record, gpu="none", stats=False, grad_norm_budget=0.002) as monitor:
+        hooked = _train_noting_hooks(model, optimizer, monitor, record)
         # On past a bare step to the next hooked one, checked after a long gap, and a NaN in its batch.
         for want_hooks in (False, True):
             for _ in range(1000):
@@ -257,35 +277,22 @@ def test_report_keeps_the_model_calls_only_of_the_steps_whose_gradients_it_check
         bad[5, 7] = float("nan")
         _adam_step(model, optimizer, bad)
         monitor.step(None)
-    metrics = of_type(read_messages(tmp_path / "run.jsonl"), "metrics")[:140]
-    checked = ["grad_norm" in m["metrics"] for m in metrics]
+    checked, gaps = _checked_and_gaps(record)
     assert all(hooked[i] for i in range(140) if checked[i])
-    measured_at = [i for i in range(140) if checked[i]]
-    gaps = [range(a + 1, b) for a, b in itertools.pairwise(measured_at) if b > a + 1]
     assert all([hooked[i] for i in gap] == [len(gap) <= ARMED_GAP] * len(gap) for gap in gaps)
     assert 1 <= sum(checked[20:]) < 60, "the budget skips most steps' norms"
     assert sum(not hooked[i] for i in range(20, 140)) > 40, "and most forwards run bare"
-    [event] = _origin_events(tmp_path / "run.jsonl")
+    [event] = _origin_events(record)
     assert event["details"]["origin"]["module"] == "input"
+
 
 def test_report_leaves_the_hook_on_through_a_short_gap_between_checked_steps(tmp_path: Path) -> None:
     """Where the budget measures the norm every few steps, taking the capture's hook off and back
     between two checked steps costs more than leaving it on: it stays on through those gaps."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    hooked = []
-    with Monitor(model, optimizer, record=tmp_path / "run.jsonl", gpu="none", stats=False,
-                 grad_norm_budget=0.05) as monitor:
-        for step in range(1, 141):
-            hooked.append(bool(model._forward_hooks))
-            _adam_step(model, optimizer, torch.randn(32, 64))
-            monitor.step(None)
-            if step == 20:
-                wait_until_recorded(tmp_path / "run.jsonl", step=20)
-    checked = ["grad_norm" in m["metrics"] for m in of_type(read_messages(tmp_path / "run.jsonl"), "metrics")]
-    measured_at = [i for i in range(20, 140) if checked[i]]
-    gaps = [range(a + 1, b) for a, b in itertools.pairwise(measured_at) if b > a + 1]
+    model, optimizer = _seeded_mlp()
+    record = tmp_path / "run.jsonl"
+    with Monitor(model, optimizer, record=record, gpu="none", stats=False, grad_norm_budget=0.05) as monitor:
+        hooked = _train_noting_hooks(model, optimizer, monitor, record)
+    _, gaps = _checked_and_gaps(record)
     assert any(len(gap) <= ARMED_GAP for gap in gaps), "the budget leaves short gaps here"
     assert all(hooked[i] for gap in gaps if len(gap) <= ARMED_GAP for i in gap)
-
