@@ -161,18 +161,16 @@ class InvariantChecker:
                 self._run(owned, owned.see_graph, loss, self._steps_done)
 
     def idle_steps(self) -> int:
-        """Coming optimizer steps whose hooks return at once (:meth:`_plan_quiet`) and after which
-        the loss's graph is not wanted: the Monitor's quiet steps skip its per-step calls here."""
-        if self._pending:
-            return 0
-        done = self._steps_done
-        idle = self._global_quiet_until - done - 1
-        for watch in self._watches.values():
-            idle = min(idle, watch.quiet_until - watch.watched.count)
+        """Coming steps after which the loss's graph is not wanted (:meth:`offer_graph`: the
+        ownership check walks it on the two steps before each of its checks), so that the
+        Monitor's quiet steps, which do not offer it, may run until then. Nothing else here needs
+        the Monitor's full step: the hooks do their own work on every step, and the step numbering
+        is synced on quiet steps too (:meth:`InvariantLink.sync`)."""
         owned = self._ownership
-        if owned is not None:
-            idle = min(idle, owned.graph_quiet_until - done - 1)
-        return max(idle, 0)
+        if owned is None:
+            return sys.maxsize
+        done = self._steps_done
+        return max(owned.next_due(done + 1) - done - 3, 0)
 
     def ignore_unowned(self, tensors: Sequence[torch.Tensor]) -> None:
         """Tensors that get gradients with no optimizer on purpose."""
