@@ -78,3 +78,17 @@ def test_the_cost_split_benchmark_reads_every_background_thread() -> None:
     timed = dict(zip([name for name in header if name not in ("model", "ratio", "rounds", "q1-q3")],
                      values, strict=True))
     assert timed["step()"] > 0 and timed["worker"] > 0 and timed["link"] > 0 and timed["process"] > 0, row
+
+
+def test_the_feature_cost_benchmark_measures_every_arm_against_the_bare_loop() -> None:
+    """`feature_cost.py` on the small MLP, two rounds: a row for the default Monitor, each feature
+    left out and the base, each a ratio to the bare loop (a Monitor setting renamed would stop
+    it at start, a broken arm would print no row)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "feature_cost.py"), "--rounds", "2"],
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    rows = {line[:14].strip(): line[14:].split() for line in done.stdout.splitlines()
+            if line.startswith(("all", "-", "base"))}
+    assert set(rows) == {"all", "-invariants", "-stats", "-detectors", "-grad norm", "base"}, done.stdout
+    for arm, (ratio, *_) in rows.items():
+        assert 0.5 < float(ratio) < 2.0, (arm, done.stdout)

@@ -1,0 +1,124 @@
+"""What each of the Monitor's features costs a training step, by leaving it out, in one run.
+
+    python benchmarks/feature_cost.py [--rounds N] [--model mlp|deep|gpt2]
+
+``cost_split.py`` splits a default Monitor's cost by where in the step it falls; this splits it by
+what pays for it. Several copies of one model (``cost_split.py``'s models, each made after the same
+seed, so they train alike) train in turn, one bare and each of the others under a Monitor of its
+own: the defaults (``all``); the defaults less one feature (``-invariants``, ``-stats``: per-layer
+samples, ``-detectors``, ``-grad norm``: its budget at one millionth, so it is measured on the
+first steps only); and none of those four (``base``: what any Monitor costs, the step's
+capture, the step worker and the publisher's process, the non-finite check's and the compute
+clock's hooks, the hang watchdog). A feature's cost is ``all``'s extra time per step less the
+arm without it.
+
+The arms take turns in blocks of about a second (``blocks.py``), in forward then reverse order
+from round to round, so that a shared machine's drift hits them alike; each arm's figure is the
+median over rounds of its block's mean step time over the bare block's of that round. Every
+Monitor lives through the whole run, so each arm's background threads wake (and cost a little)
+during the others' blocks too: the figures are each feature's share of the machine's attention,
+not a Monitor alone's, and sum to a little more than ``all``'s. No viewer is subscribed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from blocks import block_steps
+from cost_split import MODELS, Loop
+from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS
+
+from publisher.monitor import Monitor
+
+#: ABBA rounds (each arm's block once a round).
+ROUNDS = 16
+#: The Monitor's settings for each arm (None: the bare loop).
+WITHOUT: dict[str, dict[str, Any] | None] = {
+    "bare": None,
+    "all": {},
+    "-invariants": {"invariants": False},
+    "-stats": {"stats": False},
+    "-detectors": {"detectors": False},
+    "-grad norm": {"grad_norm_budget": 1e-6},
+    "base": {"invariants": False, "stats": False, "detectors": False, "grad_norm_budget": 1e-6},
+}
+
+
+def run_block(loop: Loop, mon: Monitor | None, steps: int) -> float:
+    """Mean seconds a step over ``steps`` steps of ``loop`` (watched by ``mon`` where given)."""
+    started = time.perf_counter()
+    if mon is None:
+        for _ in range(steps):
+            loop.step().item()  # the bare loop reads its loss too, as a loop that logs it does
+    else:
+        for _ in range(steps):
+            mon.step(loop.step())
+    return (time.perf_counter() - started) / steps
+
+
+def measure(model: str, rounds: int) -> dict[str, list[float]]:
+    """Per arm, its rounds' ratios of mean step time to the bare arm's."""
+    # The bare arm calls torch's own loss, the others the one a Monitor wraps (as in cost_split.py).
+    loops = {arm: MODELS[model](TORCH_CROSS_ENTROPY if settings is None else nn.functional.cross_entropy)
+             for arm, settings in WITHOUT.items()}
+    mons: dict[str, Monitor | None] = {}
+    with tempfile.TemporaryDirectory() as runtime:
+        os.environ["TUIMON_RUNTIME_DIR"] = runtime
+        try:
+            for arm, settings in WITHOUT.items():
+                mons[arm] = None if settings is None else Monitor(
+                    loops[arm].model, loops[arm].optimizer, run=f"feature-cost-{len(mons)}", gpu="simulated",
+                    **settings)
+            for arm in WITHOUT:
+                run_block(loops[arm], mons[arm], WARM_UP_STEPS)
+            steps = block_steps(loops["bare"].step)
+            ratios: dict[str, list[float]] = {arm: [] for arm in WITHOUT}
+            order = list(WITHOUT)
+            for index in range(rounds):
+                means = {arm: run_block(loops[arm], mons[arm], steps)
+                         for arm in (order if index % 2 == 0 else order[::-1])}
+                for arm, mean in means.items():
+                    ratios[arm].append(mean / means["bare"])
+        finally:
+            for mon in mons.values():
+                if mon is not None:
+                    mon.close()
+    os.environ.pop("TUIMON_RUNTIME_DIR", None)
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds (default {ROUNDS})")
+    parser.add_argument("--model", default="mlp", choices=list(MODELS), help="the model (default mlp)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    ratios = measure(args.model, args.rounds)
+    full = statistics.median(ratios["all"])
+    print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, model {args.model}, {args.rounds} "
+          "rounds; ratio: the median over rounds of the arm's mean step time over the bare arm's, q1-q3 "
+          "its middle half; cost: all's ratio less the arm's, in points of the bare step")
+    print(f"{'arm':<14}{'ratio':>8}{'q1-q3':>15}{'cost':>8}")
+    for arm, values in ratios.items():
+        if arm == "bare":
+            continue
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        middle = statistics.median(values)
+        cost = "" if arm == "all" else f"{(full - middle) * 100:+.1f}"
+        print(f"{arm:<14}{middle:>8.3f}{f'{q1:.3f}-{q3:.3f}':>15}{cost:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
