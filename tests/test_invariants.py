@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.recordings import of_type, read_messages
 from torch import nn
 
 from publisher.invariants import INVARIANT_NAMES, InvariantChecker, InvariantConfig
 from publisher.measure.budget import StepClock
+from publisher.monitor import Monitor
 from publisher.wire.event_kinds import EVENT_KINDS
 
 FAULTS = Path(__file__).resolve().parent / "faults"
@@ -650,3 +652,32 @@ def test_zero_code_mode_reports_a_tie_lost_at_load_and_not_its_look_alikes(tmp_p
     assert details["identical_at_step"] < details["differ_at_step"]
     assert "bit-identical when training started" in event["message"]
     assert statuses[-1]["status"] == "violated"
+
+
+def test_a_layer_put_to_use_mid_run_without_the_optimizer_is_named_at_the_next_ownership_check(
+    tmp_path: Path,
+) -> None:
+    """Through a Monitor, whose steps are mostly quiet (``Monitor._quiet_step``: the loss's graph is
+    not offered there): from step 301 the loop sends the output through a layer it never gave the
+    optimizer. The ownership check walks the graph on the two steps before each of its checks
+    (every 100 steps), so those steps must still take the full path: the layer is named at the
+    check after it came into use, step 401."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    late = nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "late.jsonl"
+    quiet = 0
+    with Monitor(model, optimizer, run="late-layer", record=record, gpu="none") as mon:
+        for step in range(1, 451):
+            out = model(torch.randn(16, 32))
+            loss = nn.functional.cross_entropy(late(out) if step > 300 else out, torch.randint(0, 4, (16,)))
+            loss.backward()
+            optimizer.step()
+            quiet += mon._quiet > 0
+            mon.step(loss)
+            optimizer.zero_grad()
+    assert quiet > 300, "most steps took the quiet path (else this test shows nothing about it)"
+    [event] = [e for e in of_type(read_messages(record), "event") if e["kind"] == "unowned_tensors"]
+    assert event["step"] == 401, event
+    assert {t["shape"][0] for t in event["details"]["tensors"]} == {4}, event["details"]
