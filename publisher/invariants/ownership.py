@@ -56,12 +56,6 @@ class OwnershipCheck(Check):
         """Leave these out: they get gradients with no optimizer on purpose."""
         self._ignored.update(tensors)
 
-    @property
-    def graph_quiet_until(self) -> int:
-        """The step count below which :meth:`wants_graph` says no without looking (0 until it
-        first looked)."""
-        return self._quiet_until
-
     def wants_graph(self, steps_done: int) -> bool:
         """Walk the loss's graph now? On the two steps before each check, once a step. Asked at
         every step on the training thread, so the steps before the next window answer from one

@@ -11,8 +11,8 @@ from torch import nn
 TRIGGER = 20
 #: The detector names a climb once it has taken a quarter of the leak budget (256 MiB, ~50 steps
 #: here) and its floors, one per 16 steps, rose steadily: about 75 steps after the trigger, 90 when
-#: the allocator's jumps spoil one verdict. The run goes on long enough for two more verdicts, and
-#: stays under the 1 GiB the leak is allowed to take before it must have been named.
+#: an allocator's jump spoils one verdict. The run goes on long enough for five verdicts after the
+#: first, and stays under the 1 GiB the leak is allowed to take before it must have been named.
 STEPS = 180
 
 
