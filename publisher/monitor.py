@@ -183,8 +183,8 @@ class Monitor:
         self._invariants = self._parts.invariants
         #: The checker's own ``offer_graph`` (one call less on every step), None without invariants.
         self._offer_graph = self._invariants.checker.offer_graph if self._invariants is not None else None
-        #: The invariants' step numbering kept in line on every step, quiet ones too: the checks may
-        #: judge on the next one (:meth:`InvariantLink.idle_steps`).
+        #: The invariants' step numbering kept in line on every step, quiet ones too: the checker's
+        #: hooks may judge on the next one whatever the Monitor does (:meth:`InvariantChecker.idle_steps`).
         self._sync_invariants = self._invariants.sync if self._invariants is not None else None
         self._watchdog = self._parts.watchdog
         self._submit = self._parts.worker.submit
@@ -267,11 +267,10 @@ class Monitor:
         """A step on which nothing is due (:meth:`_plan_quiet`): the least the training thread must
         read now (the time, the loss on the CPU, the learning rate, the compute marks, the batches'
         fingerprints) queued as one tuple; the step worker builds the rest. A ``step`` given (the
-        framework callbacks give theirs) is taken as it is: the invariants' step offset is synced
-        on the full step before their next check (:meth:`InvariantLink.idle_steps`). False, with nothing
-        done, where the step needs more (a loss on a device, a look at a loss call, a clip
-        without gradients, a learning rate that is not a float, a second parameter group): the
-        quiet steps end there.
+        framework callbacks give theirs) is taken as it is, and the invariants' step numbering is
+        synced to it (:meth:`InvariantLink.sync`). False, with nothing done, where the step needs
+        more (a loss on a device, a look at a loss call, a clip without gradients, a learning rate
+        that is not a float, a second parameter group): the quiet steps end there.
 
         Why: in place, between training steps whose kernels have evicted the caches, every call
         and object touched costs microseconds; the full step costs ~27 times what appending the
@@ -324,7 +323,7 @@ class Monitor:
         if layers is not None:
             quiet = min(quiet, layers.idle_steps())
         if invariants is not None:
-            quiet = min(quiet, invariants.idle_steps())
+            quiet = min(quiet, invariants.checker.idle_steps())
         quiet = min(quiet, QUIET_STEPS_MAX)
         if quiet <= 0:
             return

@@ -72,13 +72,6 @@ class InvariantLink:
         """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it)."""
         self._offset = step - self.checker.steps_done + 1
 
-    def idle_steps(self) -> int:
-        """Coming steps on which the Monitor's full step has nothing to do for the checker (it
-        offers the loss's graph there; :meth:`sync` is called on every step, so the numbering is
-        in line for the next check whatever a quiet step did: an optimizer that skipped a step, a
-        caller's own numbers)."""
-        return self.checker.idle_steps()
-
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.checker.add_optimizer(optimizer)
 
