@@ -2,9 +2,9 @@
 
 Hooks it installs, all removed by :meth:`InvariantChecker.close`:
 
-* ``register_step_pre_hook`` / ``register_step_post_hook`` on each optimizer instance: the clock
-  (each optimizer counts its own steps) and the before/after comparisons. They run whether or not
-  the user calls ``Monitor.step()``.
+* A part of each optimizer's shared step hooks (:mod:`publisher.measure.step_hooks`): the clock
+  (each optimizer counts its own steps) and the before/after comparisons, called on the steps the
+  checks plan for. They run whether or not the user calls ``Monitor.step()``.
 * ``Tensor.register_hook`` on one small sentinel parameter per optimizer (gradient clearing).
 * A forward pre-hook on each root module, only during sampled steps (train/eval mode); with no
   model, a global module forward pre-hook during a few sampled steps to discover the roots.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -43,6 +43,7 @@ from publisher.invariants.ties import TieCheck
 from publisher.invariants.train_mode import TrainModeCheck
 from publisher.measure.budget import CostBudget, CostMeter, Schedule, StepClock
 from publisher.measure.check import Check
+from publisher.measure.step_hooks import StepHooks, hooks_on
 from publisher.measure.tensors import ParamNamer, unwrap
 from publisher.stats.discovery import RootDiscovery
 
@@ -51,9 +52,11 @@ _log = logging.getLogger(__name__)
 
 @dataclass
 class _Watch:
-    """One optimizer, its per-optimizer checks and the hook handles to remove at close."""
+    """One optimizer, its per-optimizer checks, and its part of the optimizer's step hooks (which
+    count its steps: ``base`` of them had passed when the checker began to watch it)."""
 
     watched: WatchedOptimizer
+    hooks: StepHooks
     #: Sampled steps of this optimizer, shared by its checks (a confirmation asked for by one
     #: runs them all, which costs little and keeps the hooks' fast path to one test).
     schedule: Schedule
@@ -61,14 +64,37 @@ class _Watch:
     zero_lr: ZeroLrCheck | None
     arrival: ArrivalCheck | None
     clearing: ClearingCheck | None
-    handles: list = field(default_factory=list)
-    #: Frame of the ``step()`` call being watched; see :func:`_nested`.
-    outer_call: object | None = None
+    base: int = 0
     #: Steps with a smaller index need no per-optimizer work at all (see ``_plan_quiet``).
     quiet_until: int = 0
+    #: What the step hooks call (:class:`_WatchPart`).
+    part: _WatchPart | None = None
+
+    @property
+    def count(self) -> int:
+        """The optimizer's steps since the checker began to watch it."""
+        return self.hooks.count - self.base
 
     def checks(self) -> list[Check]:
         return [c for c in (self.effect, self.zero_lr, self.arrival, self.clearing) if c is not None]
+
+
+class _WatchPart:
+    """One optimizer's part in its step hooks: the checker's hooks for it, in the checker's count."""
+
+    __slots__ = ("_after", "_before", "_watch")
+
+    def __init__(self, watch: _Watch, before: Callable[[_Watch, tuple, dict, int], None],
+                 after: Callable[[_Watch, int], int]) -> None:
+        self._watch, self._before, self._after = watch, before, after
+
+    def before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict, index: int) -> None:
+        watch = self._watch
+        self._before(watch, args, kwargs, index - watch.base)
+
+    def after_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict, index: int) -> int:
+        watch = self._watch
+        return self._after(watch, index - watch.base) + watch.base
 
 
 class InvariantChecker:
@@ -97,8 +123,8 @@ class InvariantChecker:
         self._pending = PendingResults(self._fail)
         self._namer = ParamNamer()
         self._watches: dict[int, _Watch] = {}
+        self._only: _Watch | None = None  # the one watched optimizer, while there is one
         self._roots: list[tuple[str, nn.Module]] = []
-        self._steps_done = 0
         self._global_quiet_until = 0  # the same, for the checks about the model and the run
         self._closed = False
         on = self._enabled
@@ -133,32 +159,35 @@ class InvariantChecker:
         watched.refresh()
         schedule = Schedule(self.config.dense_steps, self.config.check_every)
         on, args = self._enabled, (self._board, self.config, watched, schedule)
+        hooks = hooks_on(optimizer)
         watch = _Watch(
-            watched, schedule,
+            watched, hooks, schedule,
             effect=(StepEffectCheck(*args, self._namer, self._pending)
                     if on("optimizer_changes_params") or on("frozen_stay_frozen") else None),
             zero_lr=ZeroLrCheck(*args) if on("optimizer_changes_params") else None,
             arrival=ArrivalCheck(*args, self._namer, self._pending) if on("params_receive_grads") else None,
             clearing=ClearingCheck(*args, self._namer, self._pending) if on("grads_cleared") else None,
+            base=hooks.count,
         )
         for check in watch.checks():
             check.meter = self._meter
-        watch.handles = [optimizer.register_step_pre_hook(partial(self._before_step, watch)),
-                         optimizer.register_step_post_hook(partial(self._after_step, watch))]
+        watch.part = _WatchPart(watch, self._before_step, self._after_step)
+        hooks.add(watch.part)
         self._watches[id(optimizer)] = watch
+        self._only = watch if len(self._watches) == 1 else None
         if self._ties is not None:
             self._ties.optimizers_changed()
         if self._discovery is not None:
             self._discovery.restart()
-            self._global_quiet_until = 0
+            self._wake()
 
     def offer_graph(self, loss: torch.Tensor) -> None:
         """A loss with its autograd graph: walked for its leaves on the steps before an ownership
         check (:mod:`publisher.invariants.leaves`), else left alone at once."""
         owned = self._ownership
-        if owned is not None and owned.wants_graph(self._steps_done) and loss.grad_fn is not None:
+        if owned is not None and owned.wants_graph(self.steps_done) and loss.grad_fn is not None:
             with self._meter:
-                self._run(owned, owned.see_graph, loss, self._steps_done)
+                self._run(owned, owned.see_graph, loss, self.steps_done)
 
     def idle_steps(self) -> int:
         """Coming steps after which the loss's graph is not wanted (:meth:`offer_graph`: the
@@ -169,7 +198,7 @@ class InvariantChecker:
         owned = self._ownership
         if owned is None:
             return sys.maxsize
-        done = self._steps_done
+        done = self.steps_done
         return max(owned.next_due(done + 1) - done - 3, 0)
 
     def ignore_unowned(self, tensors: Sequence[torch.Tensor]) -> None:
@@ -184,13 +213,16 @@ class InvariantChecker:
     @property
     def steps_done(self) -> int:
         """Optimizer steps seen so far (the most of any one optimizer)."""
-        return self._steps_done
+        only = self._only
+        if only is not None:  # the common case, read on every Monitor step: fewest calls
+            return only.hooks.count - only.base
+        return max((watch.count for watch in self._watches.values()), default=0)
 
     def overhead(self) -> dict[str, float]:
         """Wall time the checker spent in its hooks so far (its cost to training), and per step."""
         seconds = self._meter.spent_ns / 1e9
-        return {"seconds": seconds, "steps": self._steps_done,
-                "seconds_per_step": seconds / self._steps_done if self._steps_done else 0.0}
+        return {"seconds": seconds, "steps": self.steps_done,
+                "seconds_per_step": seconds / self.steps_done if self.steps_done else 0.0}
 
     def close(self) -> None:
         """Remove every hook, settle the verdicts still in flight (so the last one is reported)."""
@@ -198,8 +230,8 @@ class InvariantChecker:
             return
         self._closed = True
         for watch in self._watches.values():
-            for handle in watch.handles:
-                handle.remove()
+            if watch.part is not None:
+                watch.hooks.remove(watch.part)
             for check in watch.checks():
                 check.close()
         for run_wide in (self._train_mode, self._discovery):
@@ -211,29 +243,22 @@ class InvariantChecker:
 
     # ----------------------------------------------------------------- hooks
 
-    # Both hooks run on every step. A step with nothing to do (``quiet_until``, planned after each
-    # busy step) costs a frame lookup and two comparisons, and is not metered by ``overhead()``
-    # (about 1-2 us on a slow core); see benchmarks/invariants_overhead.py.
+    # The step hooks call these on the steps the last one planned (``_plan_quiet``: the next sampled
+    # step, the run-wide checks' next one, every step while a verdict is on its way); the steps
+    # between cost the checker nothing (benchmarks/invariants_overhead.py).
 
-    def _before_step(self, watch: _Watch, optimizer: torch.optim.Optimizer, args: tuple,
-                     kwargs: dict) -> None:
-        call = sys._getframe(1)
-        if watch.outer_call is not None and _nested(watch.outer_call, call):
-            return
-        watch.outer_call = call
-        if watch.watched.count < watch.quiet_until and not self._pending:
-            return
+    def _before_step(self, watch: _Watch, args: tuple, kwargs: dict, index: int) -> None:
         with self._meter:
-            self._before(watch, args, kwargs)
+            self._before(watch, args, kwargs, index)
 
-    def _before(self, watch: _Watch, args: tuple, kwargs: dict) -> None:
-        index = watch.watched.count
+    def _before(self, watch: _Watch, args: tuple, kwargs: dict, index: int) -> None:
         ties = self._ties
         if ties is not None and ties.wants_values and not ties.dead:
             with torch.no_grad():  # before the step moves anything: the values the run starts from
                 self._run(ties, ties.before_step, self._owned_params(), self._step_of(watch))
-        if index < watch.quiet_until:
-            self._drain()
+        if index < watch.quiet_until:  # called for a verdict on its way, or a run-wide check
+            if self._pending:
+                self._drain()
             return
         schedule, clearing, effect = watch.schedule, watch.clearing, watch.effect
         if not schedule.due(index):
@@ -250,24 +275,20 @@ class InvariantChecker:
         if self._pending:
             self._drain()
 
-    def _after_step(self, watch: _Watch, optimizer: torch.optim.Optimizer, args: tuple,
-                    kwargs: dict) -> None:
-        if sys._getframe(1) is not watch.outer_call:
-            return  # the inner step() of a subclass calling super().step()
-        watch.outer_call = None
-        watched = watch.watched
-        index = watched.count
-        watched.count = index + 1
-        if watched.count > self._steps_done:
-            self._steps_done = watched.count
-        if index < watch.quiet_until and self._steps_done < self._global_quiet_until and not self._pending:
-            return
+    def _after_step(self, watch: _Watch, index: int) -> int:
+        """After step ``index`` of ``watch``'s optimizer; returns the next step its hooks call the
+        checker on: that of its next sampled step (``quiet_until``), of the run-wide checks
+        (``_global_quiet_until``, in steps done of any optimizer), or the next one while a verdict
+        is on its way."""
         with self._meter:
             self._after(watch, index)
+        if self._pending:
+            return index + 1
+        return min(watch.quiet_until, index + max(self._global_quiet_until - self.steps_done, 1))
 
     def _after(self, watch: _Watch, index: int) -> None:
         watched = watch.watched
-        if index < watch.quiet_until and self._steps_done < self._global_quiet_until:
+        if index < watch.quiet_until and self.steps_done < self._global_quiet_until:
             self._drain()
             return
         arrival, clearing = watch.arrival, watch.clearing
@@ -275,7 +296,7 @@ class InvariantChecker:
         if due or (arrival is not None and index < arrival.window_end) or (
                 clearing is not None and not clearing.has_sentinel):
             self._after_sampled(watch, index, due)
-        self._global_checks(watched.index, index, max(index, self._steps_done - 1))
+        self._global_checks(watched.index, index, max(index, self.steps_done - 1))
         if self._pending:
             self._drain()
         if watched.index == 0 and index >= self.config.dense_steps and watch.schedule.regular(index):
@@ -295,11 +316,11 @@ class InvariantChecker:
         self._spent_at_retime = spent
         every = self._budget.gap(self._clock.seconds if self._clock is not None else None)
         for watch in self._watches.values():
-            watch.schedule.retime(every, watch.watched.count)
+            watch.schedule.retime(every, watch.count)
         if self._train_mode is not None:
-            self._train_mode.schedule.retime(every, self._steps_done)
+            self._train_mode.schedule.retime(every, self.steps_done)
         if self._ties is not None:
-            self._ties.schedule.retime(every, self._steps_done)
+            self._ties.schedule.retime(every, self.steps_done)
 
     def _plan_quiet(self, watch: _Watch, index: int) -> None:
         """Work out how many coming steps need no work, so their hooks return at once.
@@ -319,7 +340,7 @@ class InvariantChecker:
         if watch.watched.index == 0 and replicas is not None:
             quiet = min(quiet, index + 1 if replicas.busy else replicas.schedule.next_due(index + 1))
         watch.quiet_until = quiet
-        upcoming = self._steps_done
+        upcoming = self.steps_done
         mode, owned, discovery = self._train_mode, self._ownership, self._discovery
         marks = [upcoming + 10**9]
         if mode is not None:
@@ -335,12 +356,18 @@ class InvariantChecker:
     def _drain(self) -> None:
         """Hand arrived verdicts to their checks; they may ask for a step, so plan afresh."""
         self._pending.drain()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Plan afresh: every optimizer's hooks call the checker from its next step on."""
         self._global_quiet_until = 0
         for watch in self._watches.values():
             watch.quiet_until = 0
+            if watch.part is not None:
+                watch.hooks.wake(watch.part)
 
     def _after_sampled(self, watch: _Watch, index: int, due: bool) -> None:
-        step = max(index, self._steps_done - 1)
+        step = max(index, self.steps_done - 1)
         effect, zero_lr, arrival, clearing = watch.effect, watch.zero_lr, watch.arrival, watch.clearing
         if effect is not None and effect.has_snapshot:
             with torch.no_grad():
@@ -354,7 +381,7 @@ class InvariantChecker:
 
     def _global_checks(self, optimizer_index: int, index: int, step: int) -> None:
         """The checks about the model and the run rather than one optimizer."""
-        upcoming = self._steps_done
+        upcoming = self.steps_done
         replicas, mode, owned, discovery = self._replicas, self._train_mode, self._ownership, self._discovery
         # The first optimizer is the clock of the collective check: every rank runs it at the same step.
         if optimizer_index == 0 and replicas is not None and (replicas.busy or replicas.schedule.due(index)):
@@ -378,7 +405,7 @@ class InvariantChecker:
         return name not in self.config.disabled
 
     def _step_of(self, watch: _Watch) -> int:
-        return max(watch.watched.count, self._steps_done - 1)
+        return max(watch.count, self.steps_done - 1)
 
     def _announce(self, model: nn.Module | None) -> None:
         k = self.config.grad_window
@@ -424,15 +451,13 @@ class InvariantChecker:
         if self._discovery is not None:
             self._discovery.note_root(root)
         if self._train_mode is not None:
-            self._run(self._train_mode, self._train_mode.set_roots, list(self._roots), self._steps_done)
+            self._run(self._train_mode, self._train_mode.set_roots, list(self._roots), self.steps_done)
         if self._ownership is not None and self._discovery is not None:
             self._board.idle_message("optimizer_owns_trainables",
                                      f"checked after {self.config.grad_window} optimizer steps")
         if self._ties is not None:
             self._run(self._ties, self._ties.set_roots, list(self._roots))
-            for watch in self._watches.values():  # the next pre-step hook compares the new root's values
-                watch.quiet_until = 0
-            self._global_quiet_until = 0
+            self._wake()  # the next pre-step hook compares the new root's values
 
     def _owned_params(self) -> list[torch.Tensor]:
         """Every watched optimizer's parameters, each once."""
@@ -480,21 +505,3 @@ class InvariantChecker:
         finally:
             for name in check.names:
                 self._board.disable(name, f"internal error, check switched off: {exc!r}")
-
-
-def _nested(outer_call: object | None, call) -> bool:
-    """Is this ``step()`` running inside the one already being watched?
-
-    torch wraps ``step`` with the hooks per class, so a subclass whose ``step`` calls
-    ``super().step()`` fires the hooks twice, nested, once the base class was also instantiated.
-    The outer call counts. The wrapper frame of the outer call still being on the stack tells a
-    nested call from a new step after one that raised (whose post-hook never ran).
-    """
-    if outer_call is None:
-        return False
-    frame = call.f_back
-    while frame is not None:
-        if frame is outer_call:
-            return True
-        frame = frame.f_back
-    return False

@@ -188,11 +188,10 @@ class PendingResults:
 
 @dataclass
 class WatchedOptimizer:
-    """One optimizer and what the checks keep about it: its step count and flat parameter list."""
+    """One optimizer and what the checks keep about it: its flat parameter list."""
 
     index: int
     optimizer: torch.optim.Optimizer
-    count: int = 0
     params: list[torch.Tensor] = field(default_factory=list)
     group_of: list[int] = field(default_factory=list)
     _layout: tuple[int, ...] = ()

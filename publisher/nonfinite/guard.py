@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from publisher.detectors.base import Finding
 from publisher.detectors.episodes import EpisodeTracker
+from publisher.measure.step_hooks import StepHooks, hooks_on
 from publisher.nonfinite import bundle
 from publisher.nonfinite.capture import StepCapture
 from publisher.nonfinite.origin import find_origin
@@ -135,8 +135,7 @@ class NonFiniteGuard:
         #: The Monitor's number of the next step whose gradient norms are due (its budget, or a
         #: sampled step): with ``report`` the check runs on those steps only. The first is checked.
         self._due_step = 0
-        self._handles: list[RemovableHandle] = []
-        self._depth = 0
+        self._hooks: list[StepHooks] = []
         self._in_episode = False
         self._analyses = 0
         self._stashed: list[tuple[torch.Tensor, torch.Tensor | None]] = []
@@ -145,13 +144,16 @@ class NonFiniteGuard:
         self._host_norms = True
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        self._handles += [optimizer.register_step_pre_hook(self._before),
-                          optimizer.register_step_post_hook(self._after)]
+        """Check the steps of ``optimizer`` too (a part of its shared step hooks:
+        :mod:`publisher.measure.step_hooks`)."""
+        hooks = hooks_on(optimizer)
+        hooks.add(self)
+        self._hooks.append(hooks)
 
     def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        for hooks in self._hooks:
+            hooks.remove(self)
+        self._hooks.clear()
         self.capture.close()
 
     def idle_steps(self) -> int:
@@ -171,7 +173,7 @@ class NonFiniteGuard:
         ``report``: where the norms are measured and read on the host), its hook left on after one
         of those through a gap of up to :data:`ARMED_GAP` steps before the next (their calls are
         dropped unchecked), so that the other steps' forwards run without a hook (put back on by
-        the update before a checked step, :meth:`_before`, or here when the next is one)."""
+        the update before a checked step, :meth:`before_step`, or here when the next is one)."""
         capture = self.capture
         self._due_step = self._current_step() + 1 + due_in
         if self.measured:
@@ -184,13 +186,15 @@ class NonFiniteGuard:
                 capture.attach(root)
         capture.arm(self._acting or (self._host_norms and (
             due_in == 0 or (capture.armed and due_in <= ARMED_GAP))))
+        # The hooks call this guard on every step while the model's calls are kept (they are
+        # dropped there), else from the update before the checked step (which arms the capture).
+        wait = 0 if capture.armed else max(due_in - 1, 0)
+        for hooks in self._hooks:
+            hooks.call_at(self, hooks.count + wait)
 
     # -- the hooks ------------------------------------------------------------------------------
 
-    def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._depth += 1
-        if self._depth > 1:  # a subclass's step() calling super().step(): one training step
-            return
+    def before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict, index: int) -> None:
         if not self._acting:
             steps_to_due = self._due_step - self._current_step() - 1
             if steps_to_due > 0:  # ``report`` on a step whose norms are not due: step() counts it
@@ -207,7 +211,6 @@ class NonFiniteGuard:
         try:
             self._check(optimizer)
         except NonFiniteStop:
-            self._depth = 0
             raise
         except Exception as exc:  # never break the user's training because of telemetry
             self._on_error("non-finite check", exc)
@@ -236,12 +239,15 @@ class NonFiniteGuard:
             raise NonFiniteStop(f"tuimon: non-finite gradients at step {step}; training stopped before the "
                                 "update (on_nonfinite='stop'); the repro bundle and the event say more")
 
-    def _after(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._depth -= 1
-        if self._depth == 0 and self._stashed:
+    def after_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict, index: int) -> int:
+        """The gradients a skipped update hid are put back; called on the next step too, until
+        :meth:`next_step` says when the next check is due (a run whose Monitor never steps is
+        checked on every step)."""
+        if self._stashed:
             for param, grad in self._stashed:
                 param.grad = grad
             self._stashed = []
+        return index + 1
 
     def _skip(self, optimizer: torch.optim.Optimizer) -> None:
         """No gradient for this one call: the optimizer updates nothing (put back after it)."""

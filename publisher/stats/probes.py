@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from publisher.measure.budget import CostMeter
+from publisher.measure.step_hooks import NEVER, StepHooks, hooks_on
 from publisher.measure.tensors import flat_sample, sample_stride
 
 log = logging.getLogger(__name__)
@@ -130,12 +131,12 @@ class ActivationProbe:
 class UpdateProbe:
     """Update/parameter ratios from strided element samples taken around ``optimizer.step()``.
 
-    While :attr:`armed`, each optimizer's step pre-hook copies at most ``limit`` elements of each
-    of its parameters that require grad (frozen ones are not expected to move) and its post-hook
-    turns them into ``|dw| / |w|`` per parameter (NaN where ``|w|`` is 0: a ratio of a
-    zero-initialised bias is undefined, not infinite). LBFGS's closure runs inside the step, so
-    what is compared is the step's net effect. The hooks stay registered (``Monitor.step`` may run
-    inside an optimizer hook, where torch forbids adding or removing one).
+    Once :meth:`arm` ed, before each optimizer's step it copies at most ``limit`` elements of each
+    of its parameters that require grad (frozen ones are not expected to move) and after it turns
+    them into ``|dw| / |w|`` per parameter (NaN where ``|w|`` is 0: a ratio of a zero-initialised
+    bias is undefined, not infinite). LBFGS's closure runs inside the step, so what is compared is
+    the step's net effect. It is one of the parts of the optimizers' shared step hooks
+    (:mod:`publisher.measure.step_hooks`), called only while armed.
     """
 
     def __init__(self, limit: int, max_total: int, meter: CostMeter) -> None:
@@ -145,11 +146,18 @@ class UpdateProbe:
         self._meter = meter
         self._before: dict[int, tuple[list[torch.Tensor], list[int], torch.Tensor]] = {}
         self._ratios: dict[int, tuple[list[torch.Tensor], torch.Tensor]] = {}
-        self._handles: list[Any] = []
+        self._hooks: list[StepHooks] = []
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        self._handles += [optimizer.register_step_pre_hook(self._before_step),
-                          optimizer.register_step_post_hook(self._after_step)]
+        hooks = hooks_on(optimizer)
+        hooks.add(self)
+        self._hooks.append(hooks)
+
+    def arm(self) -> None:
+        """Measure the next step of each optimizer (until :meth:`take`)."""
+        self.armed = True
+        for hooks in self._hooks:
+            hooks.wake(self)
 
     def take(self) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
         """``[(params, ratios)]`` measured since armed, one entry per optimizer that stepped."""
@@ -159,14 +167,14 @@ class UpdateProbe:
         return taken
 
     def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        for hooks in self._hooks:
+            hooks.remove(self)
+        self._hooks.clear()
 
     def _samples(self, params: list[torch.Tensor], strides: list[int]) -> torch.Tensor:
         return torch.cat([flat_sample(p, s).float() for p, s in zip(params, strides, strict=True)])
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict, index: int) -> None:
         if not self.armed:
             return
         try:
@@ -181,10 +189,14 @@ class UpdateProbe:
         except Exception:  # e.g. parameters spread over several devices: no ratio for this one
             log.debug("tuimon: update-ratio probe failed before the step", exc_info=True)
 
-    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def after_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict, index: int) -> int:
         entry = self._before.pop(id(optimizer), None)
-        if entry is None:
-            return
+        if entry is not None:
+            self._ratios_of(optimizer, entry)
+        return index + 1 if self.armed else NEVER
+
+    def _ratios_of(self, optimizer: torch.optim.Optimizer,
+                   entry: tuple[list[torch.Tensor], list[int], torch.Tensor]) -> None:
         try:
             with self._meter, torch.no_grad():
                 params, strides, before = entry

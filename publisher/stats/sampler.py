@@ -240,7 +240,7 @@ class LayerSampler:
             discovery.after_step(self._calls + 1)
         if self.sampling:
             if self._updates is not None:
-                self._updates.armed = True
+                self._updates.arm()
             if self._activations is not None:
                 self._activations.arm()
 
