@@ -153,7 +153,7 @@ class Monitor:
         self._pid = os.getpid()
         self._fetch = DeviceFetch()
         self._step = 0
-        #: Coming steps that need no more than :meth:`_quiet_step` (:meth:`_plan_quiet`), and the
+        #: Coming steps that need no more than :meth:`step`'s quiet path (:meth:`_plan_quiet`), and the
         #: primary optimizer's one parameter group they read the learning rate from.
         self._quiet = 0
         self._quiet_groups: list[dict[str, Any]] = []
@@ -187,7 +187,7 @@ class Monitor:
         #: hooks may judge on the next one whatever the Monitor does (:meth:`InvariantChecker.idle_steps`).
         self._sync_invariants = self._invariants.sync if self._invariants is not None else None
         self._watchdog = self._parts.watchdog
-        self._submit = self._parts.worker.submit
+        self._queue_quiet = self._parts.worker.append_unchecked
         self._batch: Any = None  # the latest batch, by reference (a repro bundle holds it)
         #: The step's loss before ``step()`` is called, where a caller knows it (``tuimon run``).
         self.loss_source: Callable[[], float | None] = lambda: None
@@ -256,54 +256,45 @@ class Monitor:
         the latest at :meth:`close`). Nothing here raises because of telemetry.
         """
         try:
-            if self._quiet and not extra and self._quiet_step(loss, tokens, samples, data_time, step):
-                return
+            # A step on which nothing is due (a *quiet* one: :meth:`_plan_quiet`) takes the least
+            # the training thread must read now (the time, the loss on the CPU, the learning rate,
+            # the compute marks, the batches' fingerprints), queued as one tuple; the step worker
+            # builds the rest. A ``step`` given (the framework callbacks give theirs) is taken as
+            # it is, and the invariants' step numbering is synced to it. One that needs more (a
+            # loss on a device, a look at a loss call, a clip without gradients, a learning rate
+            # that is not a float, a second parameter group, extras) takes the full path, and the
+            # quiet steps end there. Written out here, not called: in place, between training
+            # steps whose kernels have evicted the caches, each Python call costs microseconds (the
+            # full step costs ~27 times what appending the loss to a list does, and ~4-15 times its
+            # own cost warm: ``benchmarks/step_floor.py``).
+            if self._quiet and not extra:
+                calls, groups = self._calls, self._quiet_groups
+                lr = groups[0]["lr"]
+                if (not calls.pending and not calls.clips_without_gradients and type(lr) is float
+                        and len(groups) == 1 and (not isinstance(loss, torch.Tensor) or loss.is_cpu)):
+                    value = (loss.item() if isinstance(loss, torch.Tensor)
+                             else None if loss is None else float(loss))
+                    now = time.perf_counter()
+                    self._quiet -= 1
+                    self._step = step = self._step + 1 if step is None else int(step)
+                    timer = self._timer
+                    previous, timer.last_at = timer.last_at, now  # the step clock is the step worker's
+                    batches = self._batches
+                    if batches:
+                        self._batches = []
+                    if self._sync_invariants is not None:
+                        self._sync_invariants(step)
+                    # Unchecked: the full steps, at most QUIET_STEPS_MAX apart, check the queue's bound.
+                    self._queue_quiet((step, now, previous, value, lr, tokens, samples,
+                                       timer.data_time(data_time), self._compute.take(now), tuple(batches)))
+                    return
+                self._quiet = 0
             self._record_step(loss, tokens, samples, data_time, step, extra)
         except Exception as exc:
             self._telemetry_failed("step()", exc)
 
-    def _quiet_step(self, loss: torch.Tensor | float | None, tokens: int | None, samples: int | None,
-                    data_time: float | None, step: int | None) -> bool:
-        """A step on which nothing is due (:meth:`_plan_quiet`): the least the training thread must
-        read now (the time, the loss on the CPU, the learning rate, the compute marks, the batches'
-        fingerprints) queued as one tuple; the step worker builds the rest. A ``step`` given (the
-        framework callbacks give theirs) is taken as it is, and the invariants' step numbering is
-        synced to it (:meth:`InvariantLink.sync`). False, with nothing done, where the step needs
-        more (a loss on a device, a look at a loss call, a clip without gradients, a learning rate
-        that is not a float, a second parameter group): the quiet steps end there.
-
-        Why: in place, between training steps whose kernels have evicted the caches, every call
-        and object touched costs microseconds; the full step costs ~27 times what appending the
-        loss to a list does, and ~4-15 times its own cost warm (``benchmarks/step_floor.py``).
-        """
-        calls, groups = self._calls, self._quiet_groups
-        lr = groups[0]["lr"]
-        if calls.pending or calls.clips_without_gradients or type(lr) is not float or len(groups) != 1:
-            self._quiet = 0
-            return False
-        if isinstance(loss, torch.Tensor):
-            if not loss.is_cpu:
-                self._quiet = 0
-                return False
-            loss = loss.item()
-        elif loss is not None:
-            loss = float(loss)
-        now = time.perf_counter()
-        self._quiet -= 1
-        self._step = step = self._step + 1 if step is None else int(step)
-        timer = self._timer
-        previous, timer.last_at = timer.last_at, now  # the step clock is the step worker's
-        batches = self._batches
-        if batches:
-            self._batches = []
-        if self._sync_invariants is not None:
-            self._sync_invariants(step)
-        self._submit((step, now, previous, loss, lr, tokens, samples, timer.data_time(data_time),
-                      self._compute.take(now), tuple(batches)))
-        return True
-
     def _plan_quiet(self) -> None:
-        """After a full step: how many coming steps need no more than :meth:`_quiet_step`, the
+        """After a full step: how many coming steps need no more than :meth:`step`'s quiet path, the
         fewest any part allows (the gradient norm's budget, the layer sampler's next sample, the
         invariant checker's next work, the non-finite check's hooks); the parts are told at once
         that those steps will pass (a quiet run that ends early only brings their work forward).

@@ -214,9 +214,16 @@ class InvariantChecker:
     def steps_done(self) -> int:
         """Optimizer steps seen so far (the most of any one optimizer)."""
         only = self._only
-        if only is not None:  # the common case, read on every Monitor step: fewest calls
+        if only is not None:  # the common case, read on every full step: fewest calls
             return only.hooks.count - only.base
         return max((watch.count for watch in self._watches.values()), default=0)
+
+    def counted_by(self) -> tuple[StepHooks, int] | None:
+        """Where the steps done are counted when one optimizer is watched: its step hooks, whose
+        ``count`` less the second item is :attr:`steps_done` (None with several or none); for a
+        caller that reads it on every step, where each object touched costs (:meth:`InvariantLink.sync`)."""
+        only = self._only
+        return None if only is None else (only.hooks, only.base)
 
     def overhead(self) -> dict[str, float]:
         """Wall time the checker spent in its hooks so far (its cost to training), and per step."""

@@ -67,13 +67,18 @@ class InvariantLink:
             optimizers, model, emit_violation=self._on_violation, emit_status=self._on_status, config=config,
             rank=rank, step_clock=step_clock,
         )
+        self._counted = self.checker.counted_by()
 
     def sync(self, step: int) -> None:
-        """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it)."""
-        self._offset = step - self.checker.steps_done + 1
+        """After ``Monitor.step(step)``: that step is the checker's latest one (if it saw it).
+        Called on every step: with one optimizer its count is read where it is kept."""
+        counted = self._counted
+        done = counted[0].count - counted[1] if counted is not None else self.checker.steps_done
+        self._offset = step - done + 1
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.checker.add_optimizer(optimizer)
+        self._counted = self.checker.counted_by()
 
     def close(self) -> None:
         self.checker.close()
