@@ -92,3 +92,17 @@ def test_the_feature_cost_benchmark_measures_every_arm_against_the_bare_loop() -
     assert set(rows) == {"all", "-invariants", "-stats", "-detectors", "-grad norm", "base"}, done.stdout
     for arm, (ratio, *_) in rows.items():
         assert 0.5 < float(ratio) < 2.0, (arm, done.stdout)
+
+
+def test_the_optimizer_hooks_benchmark_takes_the_monitors_hooks_off_and_puts_them_back() -> None:
+    """`optimizer_hooks.py` on the small MLP, two rounds: the Monitor's hooks are found on the
+    optimizer (one pre- and one post-hook, shared by its parts) and both arms are timed (a Monitor
+    that stopped registering them, or an arm that never ran, would show here)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "optimizer_hooks.py"), "--rounds", "2",
+                           "--models", "mlp"], capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("MLP"))
+    hooks = int(row[18:24])
+    on_opt, off_opt, _, on_call, off_call = (float(v) for v in re.findall(r"(-?[\d.]+)us", row))
+    assert hooks == 2, row
+    assert on_opt > 0 and off_opt > 0 and on_call > 0 and off_call > 0, row
