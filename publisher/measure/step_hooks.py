@@ -108,7 +108,9 @@ class StepHooks:
         if index < self._quiet_until:
             self._called = _NONE_CALLED  # a step that raised left its parts here
             return
-        parts = tuple(part for part, due in self._due.items() if due <= index)
+        # A copy first (one C call, whole under the GIL): a part added or removed on another thread
+        # meanwhile must not break the user's step.
+        parts = tuple(part for part, due in list(self._due.items()) if due <= index)
         self._called = (index, parts)
         for part in parts:
             part.before_step(optimizer, args, kwargs, index)

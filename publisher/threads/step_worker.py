@@ -43,8 +43,8 @@ class StepWorker(Generic[Item]):
         self._max_pending = max_pending
         self._pending: deque[Item] = deque()
         #: Queues one item without :meth:`submit`'s bound, for a caller that submits every few
-        #: items anyway (the Monitor's quiet steps, at most ``Monitor.QUIET_STEPS_MAX`` between two
-        #: full ones): one C call where :meth:`submit` is a Python one.
+        #: items anyway (the Monitor's quiet steps, at most ``publisher.monitor.QUIET_STEPS_MAX``
+        #: between two full ones): one C call where :meth:`submit` is a Python one.
         self.append_unchecked = self._pending.append
         self._stopping = threading.Event()
         self._failed = False
