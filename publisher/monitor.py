@@ -270,7 +270,7 @@ class Monitor:
             if self._quiet and not extra:
                 calls, groups = self._calls, self._quiet_groups
                 lr = groups[0]["lr"]
-                if (not calls.pending and not calls.clips_without_gradients and type(lr) is float
+                if (not calls.waiting and not calls.clips_without_gradients and type(lr) is float
                         and len(groups) == 1 and (not isinstance(loss, torch.Tensor) or loss.is_cpu)):
                     value = (loss.item() if isinstance(loss, torch.Tensor)
                              else None if loss is None else float(loss))
@@ -352,7 +352,7 @@ class Monitor:
         calls = self._calls
         if calls.clips_without_gradients:  # clip calls that found no gradient since the last step
             readings.metrics["clip_noop_calls"] = float(calls.take_clips_without_gradients())
-        if calls.pending:  # looks taken, perhaps still on their way to the host
+        if calls.waiting:  # looks taken, perhaps still on their way to the host
             readings.looks = tuple(calls.take_looks())
         self._loss_on_device = isinstance(loss, torch.Tensor) and not loss.is_cpu
         if loss is not None:

@@ -100,9 +100,11 @@ class CallWatch:
         self._counted = 0  # looks whose labels were counted for the prior
         self._labels = 0  # class-index labels seen in looks, one per example
         self.looked = 0  # looks taken
-        #: Looks not yet taken (a Monitor that stopped stepping drops the oldest, not the memory);
-        #: its truth is the Monitor's test at every step.
+        #: Looks not yet taken (a Monitor that stopped stepping drops the oldest, not the memory).
         self.pending: deque[PendingLook] = deque(maxlen=_KEPT_LOOKS)
+        #: Whether :attr:`pending` holds any: the Monitor's test at every step, an attribute of this
+        #: object rather than the deque's length (in place, each object touched costs: issue 23).
+        self.waiting = False
 
     def take_clips_without_gradients(self) -> int:
         """How many clip calls saw no gradient since the last call of this (the Monitor's step)."""
@@ -120,6 +122,7 @@ class CallWatch:
         classes = pending.classes
         self.looked += 1
         self.pending.append(pending)
+        self.waiting = True
         if classes >= 2 and classes != self._classes:
             self._classes, self._label_counts, self._counted = classes, [], 0
             self._on_classes(classes, None)
@@ -128,8 +131,11 @@ class CallWatch:
         """The looks that have reached the host since the last call (the Monitor's step), in order,
         for :meth:`read` on the step worker's thread."""
         pending, looks = self.pending, []
+        self.waiting = False  # before reading, so that a look taken meanwhile on another thread says so
         while pending and pending[0].landed():
             looks.append(pending.popleft())
+        if pending:
+            self.waiting = True
         return looks
 
     def read(self, pending: PendingLook) -> LossLook:

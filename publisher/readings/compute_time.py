@@ -153,6 +153,9 @@ class ComputeTimer:
         self._choose_marks = choose_marks
         self._on_error = on_error
         self._marks: Marks | None = None
+        #: The marks' ``host_clock``, kept here: :meth:`take` reads it on every step, in place,
+        #: where each object touched costs (issue 23).
+        self._host_clock = False
         self._handles: dict[int, RemovableHandle] = {}
         #: Whether this backward pass has queued its end-of-pass callback yet.
         self._queued = False
@@ -174,7 +177,7 @@ class ComputeTimer:
         if marks is None:
             self.close()
             return
-        self._marks = marks
+        self._marks, self._host_clock = marks, marks.host_clock
         trained = [param for param in params if param.requires_grad]
         for param in trained[-1:] + trained[:1]:
             if id(param) not in self._handles:
@@ -228,7 +231,7 @@ class ComputeTimer:
         taken = self._open
         # A backward pass that raised never ran its callback: the next one queues its own.
         self._queued = False
-        if marks.host_clock:
+        if self._host_clock:
             self._open = [at, None, 0.0, False]
             return taken
         if marks.every_s:
