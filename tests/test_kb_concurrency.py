@@ -65,7 +65,8 @@ def _run_together(script: str, kb_dir: Path, tmp_path: Path, count: int) -> list
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("ready-*"))) < WRITERS:  # all open, then all start at once
         assert time.monotonic() < deadline, "writer processes did not start"
-        assert all(proc.poll() is None for proc in procs), "a writer process died while starting"
+        dead = [proc for proc in procs if proc.poll() is not None]
+        assert not dead, f"a writer process died while starting: {dead[0].communicate()[1]}"
         time.sleep(0.01)
     go.touch()
     outputs = []
@@ -106,6 +107,24 @@ def test_concurrent_openers_get_unique_numbers(tmp_path: Path) -> None:
     with KnowledgeBase.open(kb_dir, author="check") as kb:
         assert kb.count() == WRITERS * 10
         assert kb.schema_version == 1
+
+
+def test_a_new_knowledge_base_opens_while_another_connection_is_reading_it(tmp_path: Path) -> None:
+    """Switching a new database to WAL needs the file to itself, and SQLite refuses the switch at
+    once, busy timeout or not, while another connection reads: several people opening a new
+    knowledge base at the same moment made all but one fail with "database is locked"."""
+    location = KbLocation(tmp_path / "kb", "test")
+    location.path.mkdir()
+    reader = sqlite3.connect(location.db_path, isolation_level=None, check_same_thread=False)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM sqlite_master").fetchall()  # a read lock on the new file
+    threading.Timer(0.4, reader.execute, ["COMMIT"]).start()
+    started = time.monotonic()
+    kb = KnowledgeBase(location, author="alice", busy_timeout_ms=50)
+    assert time.monotonic() - started >= 0.3  # it waited for the reader instead of failing
+    assert kb.open_incident(IncidentDraft(title="first")).number == 1
+    kb.close()
+    reader.close()
 
 
 def test_write_waits_out_a_lock_longer_than_the_busy_timeout(tmp_path: Path) -> None:

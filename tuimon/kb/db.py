@@ -6,7 +6,10 @@ is taken up front (a deferred transaction that reads then writes fails with "dat
 when another writer got in between, and no busy timeout can help it). While another writer holds
 the lock, the transaction is retried with short jittered sleeps until a deadline: a note is never
 silently lost, and a failure is a clear error, not a traceback. The busy timeout covers the rest
-(reads during a checkpoint or a recovery).
+(reads during a checkpoint or a recovery). Switching a new database to WAL is retried the same way:
+SQLite answers that switch with "database is locked" at once, without its busy handler, while
+another connection has the file open, which is what several people opening a new knowledge base at
+the same moment do.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ def connect(path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> sqlite_uti
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         conn.execute("PRAGMA foreign_keys = ON")
         db = sqlite_utils.Database(conn)
-        db.enable_wal()
+        # Once one connection has switched the file to WAL, the others find it so and stop here.
+        _while_busy(db.enable_wal, WRITE_DEADLINE_S, f"the knowledge base {path} stayed locked while "
+                                                     f"being created for {WRITE_DEADLINE_S:.0f} s")
     except sqlite3.Error as exc:
         raise UserError(f"cannot open the knowledge base {path}: {exc}") from None
     return db
@@ -68,27 +73,35 @@ def write(db: sqlite_utils.Database, body: Callable[[], T], *, deadline_s: float
     to 100 ms between attempts: with several writers that idles the lock most of the time (4
     writers measured at a third of one writer's throughput). Short jittered sleeps keep it busy.
     """
-    give_up = time.monotonic() + deadline_s
+
+    def attempt() -> T:
+        _begin_immediate(db.conn)
+        try:
+            result = body()
+            db.conn.execute("COMMIT")
+        except BaseException:
+            if db.conn.in_transaction:
+                db.conn.execute("ROLLBACK")
+            raise
+        return result
+
+    return _while_busy(attempt, deadline_s, f"the knowledge base stayed locked by another writer for "
+                                            f"{deadline_s:.0f} s; try again (is a process stuck holding it?)")
+
+
+def _while_busy(attempt: Callable[[], T], deadline_s: float, give_up: str) -> T:
+    """``attempt()``, again after a short jittered sleep while the database is busy; a
+    :class:`UserError` saying ``give_up`` after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
     delay = 0.0005
     while True:
         try:
-            _begin_immediate(db.conn)
-            try:
-                result = body()
-                db.conn.execute("COMMIT")
-            except BaseException:
-                if db.conn.in_transaction:
-                    db.conn.execute("ROLLBACK")
-                raise
-            return result
+            return attempt()
         except sqlite3.OperationalError as exc:
             if not is_busy(exc):
                 raise
-            if time.monotonic() >= give_up:
-                raise UserError(
-                    f"the knowledge base stayed locked by another writer for {deadline_s:.0f} s; "
-                    "try again (is a process stuck holding it?)"
-                ) from None
+            if time.monotonic() >= deadline:
+                raise UserError(give_up) from None
         time.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 1.5, MAX_RETRY_SLEEP_S)
 
