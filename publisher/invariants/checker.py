@@ -214,8 +214,8 @@ class InvariantChecker:
     def steps_done(self) -> int:
         """Optimizer steps seen so far (the most of any one optimizer)."""
         only = self._only
-        if only is not None:  # the common case, read on every full step: fewest calls
-            return only.hooks.count - only.base
+        if only is not None:  # the common case, read on every full step
+            return only.count
         return max((watch.count for watch in self._watches.values()), default=0)
 
     def counted_by(self) -> tuple[StepHooks, int] | None:

@@ -66,10 +66,12 @@ class StepHooks:
         self._key = id(optimizer)
         self.optimizer = weakref.ref(optimizer, self._forget)
 
-    def add(self, part: StepPart) -> None:
-        """Call ``part`` from the next step on (until its :meth:`StepPart.after_step` says otherwise)."""
+    def add(self, part: StepPart) -> StepHooks:
+        """Call ``part`` from the next step on (until its :meth:`StepPart.after_step` says
+        otherwise); returns these hooks, which the part keeps to remove itself."""
         self._due[part] = self.count
         self._quiet_until = min(self._quiet_until, self.count)
+        return self
 
     def remove(self, part: StepPart) -> None:
         """Stop calling ``part``; the last one gone takes the torch hooks with it."""

@@ -146,9 +146,7 @@ class NonFiniteGuard:
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Check the steps of ``optimizer`` too (a part of its shared step hooks:
         :mod:`publisher.measure.step_hooks`)."""
-        hooks = hooks_on(optimizer)
-        hooks.add(self)
-        self._hooks.append(hooks)
+        self._hooks.append(hooks_on(optimizer).add(self))
 
     def close(self) -> None:
         for hooks in self._hooks:

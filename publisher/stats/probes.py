@@ -149,9 +149,7 @@ class UpdateProbe:
         self._hooks: list[StepHooks] = []
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        hooks = hooks_on(optimizer)
-        hooks.add(self)
-        self._hooks.append(hooks)
+        self._hooks.append(hooks_on(optimizer).add(self))
 
     def arm(self) -> None:
         """Measure the next step of each optimizer (until :meth:`take`)."""
