@@ -289,10 +289,16 @@ def test_report_keeps_the_model_calls_only_of_the_steps_whose_gradients_it_check
 def test_report_leaves_the_hook_on_through_a_short_gap_between_checked_steps(tmp_path: Path) -> None:
     """Where the budget measures the norm every few steps, taking the capture's hook off and back
     between two checked steps costs more than leaving it on: it stays on through those gaps."""
-    model, optimizer = _seeded_mlp()
-    record = tmp_path / "run.jsonl"
-    with Monitor(model, optimizer, record=record, gpu="none", stats=False, grad_norm_budget=0.05) as monitor:
-        hooked = _train_noting_hooks(model, optimizer, monitor, record)
-    _, gaps = _checked_and_gaps(record)
-    assert any(len(gap) <= ARMED_GAP for gap in gaps), "the budget leaves short gaps here"
+    # The gaps follow what the norm costs against the step on this machine at this moment (a
+    # loaded machine once left none short at 0.05): a larger share until one run has short gaps.
+    for budget in (0.05, 0.1, 0.2, 0.4):
+        model, optimizer = _seeded_mlp()
+        record = tmp_path / f"run-{budget}.jsonl"
+        with Monitor(model, optimizer, record=record, gpu="none", stats=False,
+                     grad_norm_budget=budget) as monitor:
+            hooked = _train_noting_hooks(model, optimizer, monitor, record)
+        _, gaps = _checked_and_gaps(record)
+        if any(len(gap) <= ARMED_GAP for gap in gaps):
+            break
+    assert any(len(gap) <= ARMED_GAP for gap in gaps), "no budget left short gaps here"
     assert all(hooked[i] for gap in gaps if len(gap) <= ARMED_GAP for i in gap)
