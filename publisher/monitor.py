@@ -157,6 +157,8 @@ class Monitor:
         #: primary optimizer's one parameter group they read the learning rate from.
         self._quiet = 0
         self._quiet_groups: list[dict[str, Any]] = []
+        #: The number of the last step of the quiet run planned last (-1: none).
+        self._quiet_last = -1
         self._loss_on_device = False
         self._parts = MonitorParts(
             run=self.run, rank=self.rank, world_size=self.world_size, params=self._params,
@@ -323,6 +325,7 @@ class Monitor:
             layers.skip(quiet)
         self._quiet_groups = groups
         self._quiet = quiet
+        self._quiet_last = self._step + quiet
 
     def _record_step(
         self,
@@ -338,6 +341,7 @@ class Monitor:
         now = time.perf_counter()
         self._quiet = 0  # planned afresh below
         self._watchdog.thread_id = threading.get_ident()  # the thread whose stalls it reports
+        ends_quiet_run = self._step == self._quiet_last  # this step is full where it could be quiet
         step = self._step + 1 if step is None else int(step)
         self._step = step
         timer = self._timer
@@ -374,6 +378,9 @@ class Monitor:
         self._send(readings, grads, sampling)
         if layers is not None:
             layers.advance(timer.clock.seconds)
+        # A gradient norm measured for this step (not a sample's) is charged this path too where
+        # it took the place of a quiet step.
+        self._grad_norm.settle(time.perf_counter() - now if ends_quiet_run else 0.0)
         if guard is not None:
             guard.next_step(0 if layers is not None and layers.sampling else self._grad_norm.idle_steps)
         if self._sync_invariants is not None:

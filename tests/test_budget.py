@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+import torch
 
 from publisher.measure.budget import CostBudget, Schedule, StepClock
+from publisher.stats.grad_norm import BudgetedGradNorm
 
 
 def test_a_measurement_within_its_budget_keeps_its_period_and_a_costly_one_is_spaced_out() -> None:
@@ -74,3 +78,27 @@ def test_retiming_a_schedule_keeps_the_step_already_planned() -> None:
     assert schedule.next_due(21) == 45
     schedule.request(50)  # a check asking to confirm a suspicion on the next step
     assert [i for i in range(40, 80) if schedule.due(i)] == [45, 50, 70]
+
+
+def _steps_between_norms(step_cost: float) -> int:
+    """Steps a 0.5 % gradient-norm budget leaves between two norms on 1 ms steps, when recording
+    each norm's step costs ``step_cost`` seconds more than a step without it."""
+    clock = StepClock()
+    for _ in range(StepClock.WINDOW):
+        clock.observe(1e-3)
+    norm = BudgetedGradNorm(0.005, clock)
+    weight = torch.nn.Parameter(torch.ones(8))
+    weight.grad = torch.ones(8)
+    steps = itertools.count()
+    for _ in range(2):  # the first computation pays the set-up and is not charged
+        while norm.due(lambda: [weight], float(next(steps))) is None:
+            pass
+        norm.settle(step_cost)
+    return norm.idle_steps
+
+
+def test_a_gradient_norm_is_charged_the_full_step_that_carried_it() -> None:
+    """A step carrying the norm cannot take the Monitor's quiet path; that cost is the norm's too."""
+    alone = _steps_between_norms(0.0)
+    assert alone < 100, "8 numbers cost far less than 100 steps' worth of 5 us"
+    assert _steps_between_norms(1e-3) >= 199, "1 ms more per norm is 200 steps' worth of its share"

@@ -90,6 +90,7 @@ class BudgetedGradNorm:
         self._budget = CostBudget(budget, what="grad_norm_budget")
         self._clock = clock
         self._wait = 0  # steps to skip before the next computation
+        self._unsettled: float | None = None  # the latest computation's cost, until :meth:`settle`
         #: The step :meth:`due` last decided on (by ``after``), and whether it measured there.
         self._decided: tuple[float | None, bool] | None = None
 
@@ -129,6 +130,20 @@ class BudgetedGradNorm:
             return None
         started = time.perf_counter()
         norms = self._normer(params())
-        self._budget.charge(time.perf_counter() - started)
-        self._wait = self._budget.gap(self._clock.seconds) - 1
+        cost = time.perf_counter() - started
+        self.settle(0.0)  # an earlier computation whose step was never recorded
+        self._unsettled = cost
+        self._wait = self._budget.gap(self._clock.seconds) - 1  # without the step's share, until settled
         return norms
+
+    def settle(self, step_cost: float) -> None:
+        """Charge the latest computation with what recording its step cost beyond a step without
+        it (``step_cost`` seconds), and space the next one accordingly. A step that carries the
+        norm takes the Monitor's full path where the others take its quiet one
+        (``Monitor.step``): on a ~1 ms CPU step that costs about as much again as the norm itself,
+        and a budget that counted the norm alone spent twice its share (issue 23)."""
+        cost, self._unsettled = self._unsettled, None
+        if cost is None:
+            return
+        self._budget.charge(cost + step_cost)
+        self._wait = self._budget.gap(self._clock.seconds) - 1
