@@ -19,10 +19,10 @@ import math
 from collections.abc import Callable
 
 from publisher.patches.torch_calls import CallWatch
-from publisher.readings.compute_time import ComputeTimer
+from publisher.readings.compute_time import ComputeTimer, StepMarks
 from publisher.readings.cpu_wait import CpuWait
 from publisher.readings.memory import MemoryReader
-from publisher.readings.step import StepReadings
+from publisher.readings.step import QuietStep, StepReadings
 from publisher.readings.timing import StepTimer
 from publisher.reporter import FinishedStep
 from publisher.stats.sampler import LayerSampler
@@ -54,10 +54,8 @@ class StepCompletion:
         for (name, _), value in zip(readings.waiting, readings.values, strict=False):
             metrics[name] = value.item()
         arrays = readings.values[len(readings.waiting):] if readings.waiting else readings.values
-        self._timing(readings)
-        if self._memory.due(readings.at):
-            metrics.update(self._memory.read(readings.at))
-            metrics.update(self._cpu_wait.read(readings.at))
+        self._timing(metrics, readings.at, readings.previous_at, readings.tokens, readings.samples,
+                     readings.data_time, readings.compute)
         grads, layout = readings.grads, readings.layout
         # Per-parameter gradient norms come first when there are any, then the sample's arrays.
         grad_norms, sample_arrays = (arrays[0], arrays[1:]) if grads is not None else (None, arrays)
@@ -70,27 +68,39 @@ class StepCompletion:
         return FinishedStep(readings.step, metrics, grad_norms, layout, sample_arrays, readings.batches,
                             looks)
 
+    def complete_quiet(self, quiet: QuietStep) -> dict[str, float]:
+        """A quiet step's metrics, straight from its tuple: on the step worker, every object and
+        call a step makes is paid by the training thread in waits for the GIL (issue 23), and a
+        quiet step needs no :class:`StepReadings` to say what it holds."""
+        _, at, previous_at, loss, lr, tokens, samples, data_time, compute, _ = quiet
+        metrics = {"lr": lr} if loss is None else {"loss": loss, "lr": lr}
+        self._timing(metrics, at, previous_at, tokens, samples, data_time, compute)
+        return metrics
+
     def close(self) -> None:
         """After the last step: the training thread's statistics file is closed."""
         self._cpu_wait.close()
 
-    def _timing(self, readings: StepReadings) -> None:
+    def _timing(self, metrics: dict[str, float], at: float, previous_at: float | None, tokens: int | None,
+                samples: int | None, data_time: float | None, compute: StepMarks | None) -> None:
         """Step time and throughput since the previous step (observed by the step clock), the data
-        wait, the compute time."""
-        metrics = readings.metrics
-        elapsed = self._timer.observe(readings.at, readings.previous_at)
+        wait, the compute time; memory and the wait for a CPU when they are due."""
+        elapsed = self._timer.observe(at, previous_at)
         if elapsed is not None:
             metrics["step_time"] = elapsed
             if elapsed > 0:
-                if readings.samples:
-                    metrics["samples_per_s"] = float(readings.samples) / elapsed
-                if readings.tokens:
-                    metrics["tokens_per_s"] = float(readings.tokens) / elapsed
-        if readings.data_time is not None:
-            metrics["data_time"] = float(readings.data_time)
-        compute_time = self._compute.reached(readings.compute, readings.data_time)
+                if samples:
+                    metrics["samples_per_s"] = float(samples) / elapsed
+                if tokens:
+                    metrics["tokens_per_s"] = float(tokens) / elapsed
+        if data_time is not None:
+            metrics["data_time"] = float(data_time)
+        compute_time = self._compute.reached(compute, data_time)
         if compute_time is not None:
             metrics["compute_time"] = compute_time
+        if self._memory.due(at):
+            metrics.update(self._memory.read(at))
+            metrics.update(self._cpu_wait.read(at))
 
     def _training_native_id(self) -> int | None:
         """The kernel's id of the training thread, looked up at each reading (a few threads to scan,

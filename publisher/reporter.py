@@ -124,26 +124,32 @@ class Reporter:
 
     def publish_step(self, finished: FinishedStep) -> None:
         """Publish a step's metrics and sample, then show them to the detectors (worker thread)."""
+        layout = finished.layout
         try:
-            self._publish_finished(finished)
+            sample = layout.decode(finished.grad_norms, finished.arrays) if layout is not None else None
         except Exception as exc:
             self._errors.failed(f"metrics of step {finished.step}", exc)
+            return
+        self.publish_metrics(finished.step, finished.metrics, finished.batches, sample, finished.looks)
 
-    def _publish_finished(self, finished: FinishedStep) -> None:
-        step, metrics, layout = finished.step, finished.metrics, finished.layout
-        sample: LayerSample | None = (
-            layout.decode(finished.grad_norms, finished.arrays) if layout is not None else None)
-        if sample is not None:
-            metrics.update(sample.totals())
-        # One C-level sum tells whether any number is NaN or infinite (the rare case that needs the
-        # wire form, which costs a copy).
-        wire = metrics if math.isfinite(sum(metrics.values())) else wire_numbers(metrics)
-        if sample is None:
-            self.publisher.publish("metrics", step=step, metrics=wire)
-        else:
-            layers = sample.payload(self._max_layers)
-            self.publisher.publish("metrics", step=step, metrics=wire, layers=layers)
-        self.detectors.observe_step(step, metrics, sample, finished.batches, finished.looks)
+    def publish_metrics(self, step: int, metrics: dict[str, float], batches: tuple[BatchPrint, ...] = (),
+                        sample: LayerSample | None = None, looks: tuple[LossLook, ...] = ()) -> None:
+        """Publish a step's metrics (with its per-layer sample, if any), then show them to the
+        detectors (worker thread; a quiet step's come here straight from its tuple)."""
+        try:
+            if sample is not None:
+                metrics.update(sample.totals())
+            # One C-level sum tells whether any number is NaN or infinite (the rare case that needs
+            # the wire form, which costs a copy).
+            wire = metrics if math.isfinite(sum(metrics.values())) else wire_numbers(metrics)
+            if sample is None:
+                self.publisher.publish("metrics", step=step, metrics=wire)
+            else:
+                layers = sample.payload(self._max_layers)
+                self.publisher.publish("metrics", step=step, metrics=wire, layers=layers)
+            self.detectors.observe_step(step, metrics, sample, batches, looks)
+        except Exception as exc:
+            self._errors.failed(f"metrics of step {step}", exc)
 
     def publish_gpu(self, devices: list[dict[str, Any]]) -> None:
         """Sampler thread: publish the reading, then let the GPU detectors look at it."""

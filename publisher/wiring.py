@@ -28,7 +28,7 @@ from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.identity import local_rank
 from publisher.readings.memory import MemoryReader
 from publisher.readings.params import TrainedParams
-from publisher.readings.step import QuietStep, StepReadings, readings_of
+from publisher.readings.step import QuietStep, StepReadings
 from publisher.readings.timing import StepTimer
 from publisher.reporter import Reporter
 from publisher.stats.sampler import LayerSampler, StatsConfig
@@ -138,11 +138,19 @@ class MonitorParts:
 
     def _finish_step(self, item: StepReadings | QuietStep) -> None:
         """Step worker thread: complete a step the training thread queued, then publish it."""
-        readings = readings_of(item)
+        if type(item) is tuple:  # a quiet step (most of them)
+            try:
+                metrics = self.completion.complete_quiet(item)
+            except Exception as exc:
+                self._errors.failed(f"metrics of step {item[0]}", exc)
+                return
+            self.reporter.publish_metrics(item[0], metrics, item[9])
+            return
+        assert isinstance(item, StepReadings)
         try:
-            finished = self.completion.complete(readings)
+            finished = self.completion.complete(item)
         except Exception as exc:
-            self._errors.failed(f"metrics of step {readings.step}", exc)
+            self._errors.failed(f"metrics of step {item.step}", exc)
             return
         self.reporter.publish_step(finished)
 

@@ -86,7 +86,9 @@ class LrVanished(Detector):
             lr = metrics.get(name)
             if lr is None:
                 continue
-            course = self._courses.setdefault(name, _Course())
+            course = self._courses.get(name)
+            if course is None:  # not setdefault: that would build a course on every step
+                course = self._courses[name] = _Course()
             finding = self._follow(name, course, step, lr)
             if finding is not None:
                 findings.append(finding)

@@ -65,26 +65,13 @@ class StepReadings:
             self.waiting.append((name, value))
 
 
-#: A quiet step as the training thread queues it (``Monitor.step`` on a step where nothing is due:
-#: :func:`readings_of` builds its readings on the step worker): step, end time, the previous
-#: step's end time, loss (a float or None), learning rate, tokens, samples, data time, compute
-#: marks, batch fingerprints. A tuple: on the training thread an object would cost a call.
+#: A quiet step as the training thread queues it (``Monitor.step`` on a step where nothing is due;
+#: the step worker reads it: :meth:`~publisher.completion.StepCompletion.complete_quiet`): step,
+#: end time, the previous step's end time, loss (a float or None), learning rate, tokens, samples,
+#: data time, compute marks, batch fingerprints. A tuple: on the training thread an object would
+#: cost a call.
 QuietStep = tuple[int, float, float | None, float | None, float, int | None, int | None, float | None,
                   StepMarks | None, tuple[BatchPrint, ...]]
-
-
-def readings_of(item: StepReadings | QuietStep) -> StepReadings:
-    """What the step worker was handed, as readings (a quiet step's tuple unpacked)."""
-    if isinstance(item, StepReadings):
-        return item
-    step, at, previous_at, loss, lr, tokens, samples, data_time, compute, batches = item
-    readings = StepReadings(step, at, previous_at)
-    if loss is not None:
-        readings.metrics["loss"] = loss
-    readings.metrics["lr"] = lr
-    readings.tokens, readings.samples, readings.data_time = tokens, samples, data_time
-    readings.compute, readings.batches = compute, batches
-    return readings
 
 
 def step_loss(losses: Sequence[torch.Tensor], *, shares: bool = False) -> torch.Tensor | None:
