@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from publisher.patches.loss_look import LossLook, PendingLook
 from publisher.patches.torch_calls import CallWatch
 from publisher.readings.compute_time import ComputeTimer, StepMarks
 from publisher.readings.cpu_wait import CpuWait
@@ -63,19 +64,22 @@ class StepCompletion:
                 metrics.get("grad_norm", 0.0)):
             # Not a sampled step, but the gradients went bad: say which ones.
             layout = self.layers.gradient_layout(grads)
-        calls = self.calls
-        looks = tuple(calls.read(pending) for pending in readings.looks) if readings.looks and calls else ()
         return FinishedStep(readings.step, metrics, grad_norms, layout, sample_arrays, readings.batches,
-                            looks)
+                            self.read_looks(readings.looks))
 
     def complete_quiet(self, quiet: QuietStep) -> dict[str, float]:
         """A quiet step's metrics, straight from its tuple: on the step worker, every object and
         call a step makes is paid by the training thread in waits for the GIL (issue 23), and a
         quiet step needs no :class:`StepReadings` to say what it holds."""
-        _, at, previous_at, loss, lr, tokens, samples, data_time, compute, _ = quiet
+        _, at, previous_at, loss, lr, tokens, samples, data_time, compute, _, _ = quiet
         metrics = {"lr": lr} if loss is None else {"loss": loss, "lr": lr}
         self._timing(metrics, at, previous_at, tokens, samples, data_time, compute)
         return metrics
+
+    def read_looks(self, pending: tuple[PendingLook, ...]) -> tuple[LossLook, ...]:
+        """The looks at its loss calls a step took, read (on the CPU: measured here)."""
+        calls = self.calls
+        return tuple(calls.read(look) for look in pending) if pending and calls else ()
 
     def close(self) -> None:
         """After the last step: the training thread's statistics file is closed."""

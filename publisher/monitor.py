@@ -260,10 +260,10 @@ class Monitor:
         try:
             # A step on which nothing is due (a *quiet* one: :meth:`_plan_quiet`) takes the least
             # the training thread must read now (the time, the loss on the CPU, the learning rate,
-            # the compute marks, the batches' fingerprints), queued as one tuple; the step worker
-            # builds the rest. A ``step`` given (the framework callbacks give theirs) is taken as
-            # it is, and the invariants' step numbering is synced to it. One that needs more (a
-            # loss on a device, a look at a loss call, a clip without gradients, a learning rate
+            # the compute marks, the batches' fingerprints, the looks at its loss calls), queued as
+            # one tuple; the step worker builds the rest. A ``step`` given (the framework callbacks
+            # give theirs) is taken as it is, and the invariants' step numbering is synced to it.
+            # One that needs more (a loss on a device, a clip without gradients, a learning rate
             # that is not a float, a second parameter group, extras) takes the full path, and the
             # quiet steps end there. Written out here, not called: in place, between training
             # steps whose kernels have evicted the caches, each Python call costs microseconds (the
@@ -272,8 +272,8 @@ class Monitor:
             if self._quiet and not extra:
                 calls, groups = self._calls, self._quiet_groups
                 lr = groups[0]["lr"]
-                if (not calls.waiting and not calls.clips_without_gradients and type(lr) is float
-                        and len(groups) == 1 and (not isinstance(loss, torch.Tensor) or loss.is_cpu)):
+                if (not calls.clips_without_gradients and type(lr) is float and len(groups) == 1
+                        and (not isinstance(loss, torch.Tensor) or loss.is_cpu)):
                     value = (loss.item() if isinstance(loss, torch.Tensor)
                              else None if loss is None else float(loss))
                     now = time.perf_counter()
@@ -288,7 +288,8 @@ class Monitor:
                         self._sync_invariants(step)
                     # Unchecked: the full steps, at most QUIET_STEPS_MAX apart, check the queue's bound.
                     self._queue_quiet((step, now, previous, value, lr, tokens, samples,
-                                       timer.data_time(data_time), self._compute.take(now), tuple(batches)))
+                                       timer.data_time(data_time), self._compute.take(now), tuple(batches),
+                                       tuple(calls.take_looks()) if calls.waiting else ()))
                     return
                 self._quiet = 0
             self._record_step(loss, tokens, samples, data_time, step, extra)

@@ -141,10 +141,11 @@ class MonitorParts:
         if type(item) is tuple:  # a quiet step (most of them)
             try:
                 metrics = self.completion.complete_quiet(item)
+                looks = self.completion.read_looks(item[10])
             except Exception as exc:
                 self._errors.failed(f"metrics of step {item[0]}", exc)
                 return
-            self.reporter.publish_metrics(item[0], metrics, item[9])
+            self.reporter.publish_metrics(item[0], metrics, item[9], None, looks)
             return
         assert isinstance(item, StepReadings)
         try:

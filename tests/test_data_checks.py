@@ -394,6 +394,30 @@ def test_correct_uses_of_the_losses_are_quiet(case: str) -> None:
     assert mismatches(look) == []
 
 
+def test_a_wrong_loss_input_starting_mid_run_is_named_from_the_looks_of_quiet_steps(tmp_path: Path) -> None:
+    """Past the first steps most of a small CPU model's steps are quiet (``Monitor.step``'s short
+    path): the looks at their loss calls ride with them to the step worker, so a softmax fed to
+    ``cross_entropy`` from step 300 on is named, at that step or later, with its call."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    inputs, labels = torch.randn(32, 16), torch.randint(0, 10, (32,))
+    record = tmp_path / "mid_run_softmax.jsonl"
+    with Monitor(model, optimizer, record=record, gpu="none") as mon:
+        for step in range(1, 2001):
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.softmax(1) if step >= 300 else logits, labels)
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+            optimizer.zero_grad()
+    events = [e for e in of_type(read_messages(record), "event") if e["kind"] == "loss_input_mismatch"]
+    assert events, "the wrong input was never named"
+    event = events[0]  # the episode's first event (its count grows in the next ones)
+    assert event["step"] >= 300 and event["details"]["problem"] == "probabilities_as_logits"
+    assert event["details"]["call_site"].startswith(__file__), "the user's line, not torch's nor tuimon's"
+
+
 def test_logits_that_happen_to_lie_in_the_unit_interval_are_not_probabilities() -> None:
     """A fresh discriminator's logits sit in [0, 1] for dozens of steps (its bias): only a sigmoid's
     output, seen through views, is taken for probabilities; and a sigmoid of a batch of 2 needs

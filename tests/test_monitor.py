@@ -247,7 +247,7 @@ def test_several_param_groups_extra_metrics_and_data_time(tmp_path: Path) -> Non
 
 def test_every_step_is_published_with_the_loss_and_learning_rate_the_loop_had(tmp_path: Path) -> None:
     """Most steps of a model with many layers need none of the Monitor's sampled measurements and
-    take its short path (``Monitor._quiet_step``): each is still published, in order, with its own
+    take its short path (``Monitor.step``'s quiet one): each is still published, in order, with its own
     loss and the learning rate it trained with (a schedule changes it every step), and a parameter
     group added mid-run is reported from its first step."""
     torch.manual_seed(0)

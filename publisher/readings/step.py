@@ -68,10 +68,11 @@ class StepReadings:
 #: A quiet step as the training thread queues it (``Monitor.step`` on a step where nothing is due;
 #: the step worker reads it: :meth:`~publisher.completion.StepCompletion.complete_quiet`): step,
 #: end time, the previous step's end time, loss (a float or None), learning rate, tokens, samples,
-#: data time, compute marks, batch fingerprints. A tuple: on the training thread an object would
+#: data time, compute marks, batch fingerprints, the looks at its loss calls still to be read
+#: (``publisher.patches.loss_look.PendingLook``). A tuple: on the training thread an object would
 #: cost a call.
 QuietStep = tuple[int, float, float | None, float | None, float, int | None, int | None, float | None,
-                  StepMarks | None, tuple[BatchPrint, ...]]
+                  StepMarks | None, tuple[BatchPrint, ...], tuple[Any, ...]]
 
 
 def step_loss(losses: Sequence[torch.Tensor], *, shares: bool = False) -> torch.Tensor | None:
