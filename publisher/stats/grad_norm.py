@@ -137,9 +137,10 @@ class BudgetedGradNorm:
         return norms
 
     def settle(self, step_cost: float) -> None:
-        """Charge the latest computation with what recording its step cost beyond a step without
-        it (``step_cost`` seconds), and space the next one accordingly. A step that carries the
-        norm takes the Monitor's full path where the others take its quiet one
+        """Charge the latest computation with ``step_cost``, the seconds its step took to record
+        where that step could otherwise have been quiet (0.0 where every step is recorded in full
+        anyway, as with a loss on a GPU), and space the next one accordingly. A step that carries
+        the norm takes the Monitor's full path where the others take its quiet one
         (``Monitor.step``): on a ~1 ms CPU step that costs about as much again as the norm itself,
         and a budget that counted the norm alone spent twice its share (issue 23)."""
         cost, self._unsettled = self._unsettled, None
