@@ -132,8 +132,8 @@ class Reporter:
             return
         self.publish_metrics(finished.step, finished.metrics, finished.batches, sample, finished.looks)
 
-    def publish_metrics(self, step: int, metrics: dict[str, float], batches: tuple[BatchPrint, ...] = (),
-                        sample: LayerSample | None = None, looks: tuple[LossLook, ...] = ()) -> None:
+    def publish_metrics(self, step: int, metrics: dict[str, float], batches: tuple[BatchPrint, ...],
+                        sample: LayerSample | None, looks: tuple[LossLook, ...]) -> None:
         """Publish a step's metrics (with its per-layer sample, if any), then show them to the
         detectors (worker thread; a quiet step's come here straight from its tuple)."""
         try:
