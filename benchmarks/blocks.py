@@ -18,6 +18,7 @@ ratio errs low by up to a tenth of the monitor's cost, not more.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import time
@@ -29,13 +30,21 @@ from publisher.wire.transport import HANDOFF_S
 BLOCK_S = 10 * HANDOFF_S
 
 
-def block_steps(step: Callable[[], object], probe: int = 20, least: int = 5) -> int:
-    """Steps in a block of about :data:`BLOCK_S` seconds, from the mean time of ``probe`` calls
-    of ``step`` (one training step of the plain arm; they warm it up too)."""
+def add_block_option(parser: argparse.ArgumentParser) -> None:
+    """``--block-s``, the seconds a block lasts (a benchmark's runs are that much shorter)."""
+    parser.add_argument("--block-s", type=float, default=BLOCK_S,
+                        help=f"seconds a block lasts (default {BLOCK_S:g}: ten hand-off periods; shorter "
+                             "blocks leave more of the background threads' work uncounted: for a quick "
+                             "check that the script runs, not for figures)")
+
+
+def block_steps(step: Callable[[], object], seconds: float = BLOCK_S, probe: int = 20, least: int = 5) -> int:
+    """Steps in a block of about ``seconds``, from the mean time of ``probe`` calls of ``step``
+    (one training step of the plain arm; they warm it up too)."""
     started = time.perf_counter()
     for _ in range(probe):
         step()
-    return max(least, math.ceil(BLOCK_S * probe / (time.perf_counter() - started)))
+    return max(least, math.ceil(seconds * probe / (time.perf_counter() - started)))
 
 
 def arms(round_index: int) -> tuple[bool, bool]:

@@ -65,7 +65,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from blocks import arms, block_steps, pair_ratio  # noqa: E402
+from blocks import add_block_option, arms, block_steps, pair_ratio  # noqa: E402
 from learnable import learnable_batches  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, viewer, wait_ready  # noqa: E402
 
@@ -199,7 +199,7 @@ def process_cpu_ns(pid: int) -> int:
 Build = Callable[[Callable[..., torch.Tensor]], Loop]
 
 
-def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
+def measure(build: Build, rounds: int, block_s: float) -> tuple[str, dict[str, float]]:
     plain = build(TORCH_CROSS_ENTROPY)
     watched = build(nn.functional.cross_entropy)
     with tempfile.TemporaryDirectory() as runtime:
@@ -211,7 +211,7 @@ def measure(build: Build, rounds: int) -> tuple[str, dict[str, float]]:
             for _ in range(WARM_UP_STEPS):
                 plain.step()
                 mon.step(watched.step())
-            steps_per_block = block_steps(plain.step)
+            steps_per_block = block_steps(plain.step, block_s)
             threads_before = thread_cpu_ns()
             process_before = process_cpu_ns(mon.publisher.pid)
             phases_before = {False: list(plain.phase_ns), True: list(watched.phase_ns)}
@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"ABBA rounds a model (default {ROUNDS})")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds per model")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    add_block_option(parser)
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in MODELS]
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     for name in chosen:
-        title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds)
+        title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds, args.block_s)
         middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
         print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}"
               + "".join(f"{r[key]:>8.1f}us" for key in (

@@ -35,7 +35,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from blocks import block_steps
+from blocks import add_block_option, block_steps
 from cost_split import MODELS, Loop
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS
 
@@ -67,7 +67,7 @@ def run_block(loop: Loop, mon: Monitor | None, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def measure(model: str, rounds: int) -> dict[str, list[float]]:
+def measure(model: str, rounds: int, block_s: float) -> dict[str, list[float]]:
     """Per arm, its rounds' ratios of mean step time to the bare arm's."""
     # The bare arm calls torch's own loss, the others the one a Monitor wraps (as in cost_split.py).
     loops = {arm: MODELS[model](TORCH_CROSS_ENTROPY if settings is None else nn.functional.cross_entropy)
@@ -82,7 +82,7 @@ def measure(model: str, rounds: int) -> dict[str, list[float]]:
                     **settings)
             for arm in WITHOUT:
                 run_block(loops[arm], mons[arm], WARM_UP_STEPS)
-            steps = block_steps(loops["bare"].step)
+            steps = block_steps(loops["bare"].step, block_s)
             ratios: dict[str, list[float]] = {arm: [] for arm in WITHOUT}
             order = list(WITHOUT)
             for index in range(rounds):
@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds (default {ROUNDS})")
     parser.add_argument("--model", default="mlp", choices=list(MODELS), help="the model (default mlp)")
+    add_block_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    ratios = measure(args.model, args.rounds)
+    ratios = measure(args.model, args.rounds, args.block_s)
     full = statistics.median(ratios["all"])
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, model {args.model}, {args.rounds} "
           "rounds; ratio: the median over rounds of the arm's mean step time over the bare arm's, q1-q3 "

@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from blocks import block_steps, pair_ratio  # noqa: E402
+from blocks import add_block_option, block_steps, pair_ratio  # noqa: E402
 from cost_split import mlp  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS  # noqa: E402
 
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=60,
                         help="detector-suite passes per 0.1 s (default 60: ~45 us of CPU a MLP step here)")
     parser.add_argument("--serve", metavar="TALLY", help=argparse.SUPPRESS)  # the process arm's side
+    add_block_option(parser)
     args = parser.parse_args(argv)
     work = Work(args.passes)
     if args.serve:  # stopped and resumed by signals; killed at the end
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         os.kill(server.pid, signal.SIGSTOP)
         for _ in range(WARM_UP_STEPS):
             loop.step()
-        steps_per_block = block_steps(loop.step)
+        steps_per_block = block_steps(loop.step, args.block_s)
         means: dict[str, list[float]] = {arm: [] for arm in ARMS}
         train_cpu = dict.fromkeys(ARMS, 0.0)
         wall = dict.fromkeys(ARMS, 0.0)

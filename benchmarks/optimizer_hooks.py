@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from blocks import arms, block_steps
+from blocks import add_block_option, arms, block_steps
 from cost_split import MODELS, Loop
 from overhead import WARM_UP_STEPS
 
@@ -59,7 +59,7 @@ def hooks_taken_off(optimizer: torch.optim.Optimizer, added: dict[str, dict[int,
             tables[kind].update(hooks)
 
 
-def measure(loop: Loop, rounds: int) -> dict[str, float]:
+def measure(loop: Loop, rounds: int, block_s: float) -> dict[str, float]:
     """Per arm (``on``: the hooks attached, ``off``), the median over rounds of the training
     thread's CPU µs a step in ``optimizer.step()`` and of ``step()``, and the hooks' count."""
     optimizer = loop.optimizer
@@ -72,7 +72,7 @@ def measure(loop: Loop, rounds: int) -> dict[str, float]:
                  for kind, table in tables.items()}
         for _ in range(WARM_UP_STEPS):
             mon.step(loop.step())
-        steps = block_steps(lambda: mon.step(loop.step()))
+        steps = block_steps(lambda: mon.step(loop.step()), block_s)
         opt_us: dict[bool, list[float]] = {True: [], False: []}
         call_us: dict[bool, list[float]] = {True: [], False: []}
         for index in range(rounds):
@@ -100,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"ABBA rounds a model (default {ROUNDS})")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    add_block_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread; the training thread's CPU time in optimizer.step() per "
@@ -108,7 +109,7 @@ def main() -> None:
           f"{'step() off':>12}")
     for name in args.models.split(","):
         loop = MODELS[name](torch.nn.functional.cross_entropy)
-        row = measure(loop, args.rounds)
+        row = measure(loop, args.rounds, args.block_s)
         cost = row["on_opt_us"] - row["off_opt_us"]
         print(f"{loop.name:<18}{row['hooks']:>6.0f}{row['on_opt_us']:>9.1f}us{row['off_opt_us']:>9.1f}us"
               f"{cost:>10.1f}us{row['on_call_us']:>9.1f}us{row['off_call_us']:>10.1f}us")
