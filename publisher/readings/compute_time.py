@@ -260,10 +260,18 @@ class ComputeTimer:
         marks, pending = self._marks, self._pending
         if marks is None:
             return None
-        if taken is not None and len(pending) < PENDING_STEPS:
+        if taken is not None:
             start, end, later_waits, started_by_batch = taken
             if start is not None and end is not None:
-                pending.append(Interval(start, end, later_waits if started_by_batch else (data_time or 0.0)))
+                less = later_waits if started_by_batch else (data_time or 0.0)
+                if not pending:  # nothing earlier on its way (always, on the host clock): this one alone
+                    seconds = marks.seconds_between(start, end)
+                    if seconds is None:
+                        pending.append(Interval(start, end, less))
+                        return None
+                    return max(seconds - less, 0.0) if seconds >= 0 else None
+                if len(pending) < PENDING_STEPS:
+                    pending.append(Interval(start, end, less))
         reached = None
         while pending:
             interval = pending[0]
