@@ -23,7 +23,7 @@ from publisher.patches.torch_calls import CallWatch
 from publisher.readings.compute_time import ComputeTimer, StepMarks
 from publisher.readings.cpu_wait import CpuWait
 from publisher.readings.memory import MemoryReader
-from publisher.readings.step import QuietStep, StepReadings
+from publisher.readings.step import QuietStep, StepReadings, lr_names
 from publisher.readings.timing import StepTimer
 from publisher.reporter import FinishedStep
 from publisher.stats.sampler import LayerSampler
@@ -71,8 +71,14 @@ class StepCompletion:
         """A quiet step's metrics, straight from its tuple: on the step worker, every object and
         call a step makes is paid by the training thread in waits for the GIL (issue 23), and a
         quiet step needs no :class:`StepReadings` to say what it holds."""
-        _, at, previous_at, loss, lr, tokens, samples, data_time, compute, _, _ = quiet
-        metrics = {"lr": lr} if loss is None else {"loss": loss, "lr": lr}
+        _, at, previous_at, loss, lr, tokens, samples, data_time, compute, _, _, extras = quiet
+        if isinstance(lr, tuple):  # several parameter groups
+            metrics = {} if loss is None else {"loss": loss}
+            metrics.update(zip(lr_names(len(lr)), lr, strict=True))
+        else:
+            metrics = {"lr": lr} if loss is None else {"loss": loss, "lr": lr}
+        if extras:  # as the full step: an extra with a standard name replaces the computed one
+            metrics.update(extras)
         self._timing(metrics, at, previous_at, tokens, samples, data_time, compute)
         return metrics
 

@@ -47,7 +47,7 @@ from publisher.readings.identity import default_rank, default_run_name, default_
 from publisher.readings.memory import MemoryReader
 from publisher.readings.memory_cadence import DEFAULT_INTERVAL_S
 from publisher.readings.params import TrainedParams
-from publisher.readings.step import StepReadings
+from publisher.readings.step import StepReadings, group_rates, host_numbers, lr_names
 from publisher.readings.timing import StepTimer
 from publisher.stats.grad_norm import BudgetedGradNorm, GradNorms
 from publisher.stats.sampler import StatsConfig
@@ -72,6 +72,8 @@ _BATCHES_PER_STEP = 64
 #: Metrics a sampled step adds to the step's own (``param_norm``, ``update_ratio``): kept free
 #: when the caller's extras fill the message towards the protocol's limit.
 _SAMPLE_TOTALS = 8
+#: Extras a quiet step takes, less one per learning rate: room for the loss and a sample's totals.
+_QUIET_EXTRAS_ROOM = MAX_METRICS - 1 - _SAMPLE_TOTALS
 
 
 class Monitor:
@@ -154,7 +156,7 @@ class Monitor:
         self._fetch = DeviceFetch()
         self._step = 0
         #: Coming steps that need no more than :meth:`step`'s quiet path (:meth:`_plan_quiet`), and the
-        #: primary optimizer's one parameter group they read the learning rate from.
+        #: primary optimizer's parameter groups they read the learning rates from.
         self._quiet = 0
         self._quiet_groups: list[dict[str, Any]] = []
         #: The number of the last step of the quiet run planned last (-1: none).
@@ -259,21 +261,22 @@ class Monitor:
         """
         try:
             # A step on which nothing is due (a *quiet* one: :meth:`_plan_quiet`) takes the least
-            # the training thread must read now (the time, the loss on the CPU, the learning rate,
-            # the compute marks, the batches' fingerprints, the looks at its loss calls), queued as
-            # one tuple; the step worker builds the rest. A ``step`` given (the framework callbacks
-            # give theirs) is taken as it is, and the invariants' step numbering is synced to it.
-            # One that needs more (a loss on a device, a clip without gradients, a learning rate
-            # that is not a float, a second parameter group, extras) takes the full path, and the
-            # quiet steps end there. Written out here, not called: in place, between training
-            # steps whose kernels have evicted the caches, each Python call costs microseconds (the
-            # full step costs ~27 times what appending the loss to a list does, and ~4-15 times its
-            # own cost warm: ``benchmarks/step_floor.py``).
-            if self._quiet and not extra:
+            # the training thread must read now (the time, the loss and any extras on the CPU, the
+            # learning rates, the compute marks, the batches' fingerprints, the looks at its loss
+            # calls), queued as one tuple; the step worker builds the rest. A ``step`` given (the
+            # framework callbacks give theirs) is taken as it is, and the invariants' step numbering
+            # is synced to it. One that needs more (a loss or an extra on a device, a clip without
+            # gradients, a learning rate that is not a float, an extra that is no number) takes the
+            # full path, and the quiet steps end there. Written out here, not called: in place,
+            # between training steps whose kernels have evicted the caches, each Python call costs
+            # microseconds (the full step costs ~27 times what appending the loss to a list does, and
+            # ~4-15 times its own cost warm: ``benchmarks/step_floor.py``).
+            if self._quiet:
                 calls, groups = self._calls, self._quiet_groups
-                lr = groups[0]["lr"]
-                if (not calls.clips_without_gradients and type(lr) is float and len(groups) == 1
-                        and (not isinstance(loss, torch.Tensor) or loss.is_cpu)):
+                lr = groups[0]["lr"] if len(groups) == 1 else group_rates(groups)
+                numbers = host_numbers(extra, _QUIET_EXTRAS_ROOM - len(groups)) if extra else None
+                if (not calls.clips_without_gradients and (type(lr) is float or (len(groups) > 1 and lr))
+                        and (not isinstance(loss, torch.Tensor) or loss.is_cpu) and (numbers or not extra)):
                     value = (loss.item() if isinstance(loss, torch.Tensor)
                              else None if loss is None else float(loss))
                     now = time.perf_counter()
@@ -289,9 +292,8 @@ class Monitor:
                     # Unchecked: the full steps, at most QUIET_STEPS_MAX apart, check the queue's bound.
                     self._queue_quiet((step, now, previous, value, lr, tokens, samples,
                                        timer.data_time(data_time), self._compute.take(now), tuple(batches),
-                                       tuple(calls.take_looks()) if calls.waiting else ()))
+                                       tuple(calls.take_looks()) if calls.waiting else (), numbers))
                     return
-                self._quiet = 0
             self._record_step(loss, tokens, samples, data_time, step, extra)
         except Exception as exc:
             self._telemetry_failed("step()", exc)
@@ -302,14 +304,14 @@ class Monitor:
         invariant checker's next work, the non-finite check's hooks); the parts are told at once
         that those steps will pass (a quiet run that ends early only brings their work forward).
         None while copies from a device are on their way (the steps must reach the worker in
-        order), without an optimizer, or where the learning rate is not one float. Called at the
-        end of the full step, which has set ``_quiet`` to 0."""
+        order), without an optimizer, or where a learning rate is not a float. Called at the end of
+        the full step, which has set ``_quiet`` to 0."""
         quiet = self._grad_norm.idle_steps if self._params.params else QUIET_STEPS_MAX
         optimizer = self._params.primary
         if quiet <= 0 or self._loss_on_device or optimizer is None:
             return  # a loss on a device is copied with the step's other numbers: no quiet step
         groups = optimizer.param_groups
-        if len(groups) != 1 or type(groups[0]["lr"]) is not float or self._fetch.pending:
+        if not group_rates(groups) or self._fetch.pending:
             return
         guard, layers, invariants = self._guard, self._layers, self._invariants
         if guard is not None:
@@ -328,6 +330,17 @@ class Monitor:
         self._quiet = quiet
         self._quiet_last = self._step + quiet
 
+    def _unplan_quiet(self) -> None:
+        """A full step where a quiet one was planned: the parts told that the quiet run's steps
+        would pass (:meth:`_plan_quiet`) get back those that will not, this one included. Without
+        this, a loop whose every step is full (an extra of a type read on the full path only, a
+        clip without gradients) brought each part's work forward a whole run on every step: a
+        sample and a gradient norm nearly every step, ~100 us a step on a 1 ms MLP."""
+        unplanned, self._quiet = self._quiet, 0
+        self._grad_norm.skip(-unplanned)
+        if self._layers is not None:
+            self._layers.skip(-unplanned)
+
     def _record_step(
         self,
         loss: torch.Tensor | float | None,
@@ -340,7 +353,8 @@ class Monitor:
         """The training thread's half of a step: read what cannot wait, queue the rest raw for the
         step worker (:mod:`publisher.completion`)."""
         now = time.perf_counter()
-        self._quiet = 0  # planned afresh below
+        if self._quiet:
+            self._unplan_quiet()
         self._watchdog.thread_id = threading.get_ident()  # the thread whose stalls it reports
         ends_quiet_run = self._step == self._quiet_last  # this step is full where it could be quiet
         step = self._step + 1 if step is None else int(step)
@@ -418,8 +432,8 @@ class Monitor:
         if type(lr) is float and len(groups) == 1:  # the common case, with fewer calls
             readings.metrics["lr"] = lr
             return
-        for i, group in enumerate(groups):
-            readings.add(f"lr/{i}" if i else "lr", group["lr"])
+        for name, group in zip(lr_names(len(groups)), groups, strict=True):
+            readings.add(name, group["lr"])
 
     def _read_extras(self, extra: dict[str, Any], readings: StepReadings) -> None:
         """The caller's own numbers; one that is not a number, or beyond the protocol's bounds for

@@ -132,6 +132,32 @@ def test_samples_report_every_layer_by_name_with_exact_update_ratios(tmp_path: P
     assert "layers" not in metrics[3] and "update_ratio" not in metrics[3]["metrics"]
 
 
+@pytest.mark.parametrize("loop", ["plain", "clip before backward"])
+def test_samples_keep_their_cadence_when_every_step_takes_the_monitors_full_path(
+    tmp_path: Path, loop: str
+) -> None:
+    """Between samples most steps are quiet ones (``Monitor.step``'s short path); a loop whose every
+    step needs the full one (here: it clips before backward, so there is nothing to clip, which is
+    reported on every step) is sampled on the same steps, not on nearly every step."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "cadence.jsonl"
+    with Monitor(model, optimizer, run="cadence", record=record, gpu="none",
+                 stats=StatsConfig(every=20, dense=3, budget=1.0)) as mon:
+        clip = torch.nn.utils.clip_grad_norm_  # looked up once the Monitor has wrapped it
+        for x, y in data(120):
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.mse_loss(model(x), y)
+            if loop == "clip before backward":
+                clip(model.parameters(), 1.0)
+            loss.backward()
+            optimizer.step()
+            mon.step(loss)
+    metrics = [m for m in recorded(record) if m["type"] == "metrics"]
+    assert [m["step"] for m in metrics if "layers" in m] == [1, 2, 3, 23, 43, 63, 83, 103]
+    assert all(("clip_noop_calls" in m["metrics"]) == (loop != "plain") for m in metrics)
+
+
 def test_forward_hooks_exist_only_while_a_sample_is_taken() -> None:
     """The layers' hooks, that is: the model's root keeps the non-finite check's two hooks for
     good (publisher/nonfinite/capture.py), the layers none between samples."""

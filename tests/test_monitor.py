@@ -248,8 +248,8 @@ def test_several_param_groups_extra_metrics_and_data_time(tmp_path: Path) -> Non
 def test_every_step_is_published_with_the_loss_and_learning_rate_the_loop_had(tmp_path: Path) -> None:
     """Most steps of a model with many layers need none of the Monitor's sampled measurements and
     take its short path (``Monitor.step``'s quiet one): each is still published, in order, with its own
-    loss and the learning rate it trained with (a schedule changes it every step), and a parameter
-    group added mid-run is reported from its first step."""
+    loss and the learning rates it trained with (a schedule changes them every step), and a parameter
+    group added mid-run is reported from its first step, with its own rate."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(24)], torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model[:-1].parameters(), lr=0.01)
@@ -261,19 +261,48 @@ def test_every_step_is_published_with_the_loss_and_learning_rate_the_loop_had(tm
                 optimizer.add_param_group({"params": model[-1].parameters(), "lr": 0.002})
             loss = model(batch).pow(2).mean()
             loss.backward()
-            rates.append(optimizer.param_groups[0]["lr"])
+            rates.append([group["lr"] for group in optimizer.param_groups])
             optimizer.step()
             mon.step(loss, samples=8)
             optimizer.zero_grad()
-            optimizer.param_groups[0]["lr"] = 0.01 * (1.0 - step / 1000)  # a schedule, as a scheduler sets it
+            for group, peak in zip(optimizer.param_groups, (0.01, 0.002), strict=False):
+                group["lr"] = peak * (1.0 - step / 1000)  # a schedule, as a scheduler sets it
             losses.append(loss.item())
     metrics = of_type(read_messages(record), "metrics")
     assert [m["step"] for m in metrics] == list(range(1, 401))
     assert [m["metrics"]["loss"] for m in metrics] == losses
-    assert [m["metrics"]["lr"] for m in metrics] == rates
+    assert [[m["metrics"][name] for name in ("lr", "lr/1") if name in m["metrics"]] for m in metrics] == rates
     assert all("step_time" in m["metrics"] and "samples_per_s" in m["metrics"] for m in metrics[1:])
     assert all("data_time" in m["metrics"] and "compute_time" in m["metrics"] for m in metrics[1:])
     assert [m["step"] for m in metrics if "lr/1" in m["metrics"]] == list(range(300, 401))
+
+
+def test_extras_are_published_on_every_step_with_the_values_they_had_at_that_step(tmp_path: Path) -> None:
+    """A loop that passes numbers of its own on every step (a count it keeps in a tensor and resets in
+    place after the step, a plain float, an int) sees each step's own values in its metrics, on the
+    steps the Monitor takes its short path too; an extra that is no number costs that extra only, on
+    its step, and is counted as a telemetry error."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(24)], torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    record = tmp_path / "extras.jsonl"
+    correct = torch.zeros(())
+    with Monitor(model, optimizer, run="extras", record=record, gpu="none") as mon:
+        for step in range(1, 301):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            correct += step % 7
+            mon.step(loss, correct=correct, fraction=step / 1000, seen=8 * step,
+                     **({"note": "not a number"} if step == 200 else {}))
+            correct.zero_()
+            optimizer.zero_grad()
+        errors = mon.telemetry_errors
+    metrics = [m["metrics"] for m in of_type(read_messages(record), "metrics")]
+    assert len(metrics) == 300
+    assert [(m["correct"], m["fraction"], m["seen"]) for m in metrics] == [
+        (float(step % 7), step / 1000, float(8 * step)) for step in range(1, 301)]
+    assert "note" not in metrics[199] and errors == 1
 
 
 class SlowLoader:

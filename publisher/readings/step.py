@@ -11,13 +11,16 @@ caches (issue 23's measurements: an empty Python call there takes ~3 us on a 2-c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from numbers import Real
 from typing import Any
 
 import torch
 
 from publisher.readings.batches import BatchPrint
 from publisher.readings.compute_time import StepMarks
+from publisher.wire.validation import MAX_NAME_CHARS
 
 
 class StepReadings:
@@ -67,12 +70,58 @@ class StepReadings:
 
 #: A quiet step as the training thread queues it (``Monitor.step`` on a step where nothing is due;
 #: the step worker reads it: :meth:`~publisher.completion.StepCompletion.complete_quiet`): step,
-#: end time, the previous step's end time, loss (a float or None), learning rate, tokens, samples,
-#: data time, compute marks, batch fingerprints, the looks at its loss calls still to be read
-#: (``publisher.patches.loss_look.PendingLook``). A tuple: on the training thread an object would
-#: cost a call.
-QuietStep = tuple[int, float, float | None, float | None, float, int | None, int | None, float | None,
-                  StepMarks | None, tuple[BatchPrint, ...], tuple[Any, ...]]
+#: end time, the previous step's end time, loss (a float or None), learning rate (a float for one
+#: parameter group, else each group's: :func:`group_rates`), tokens, samples, data time, compute
+#: marks, batch fingerprints, the looks at its loss calls still to be read
+#: (``publisher.patches.loss_look.PendingLook``), the caller's extras (:func:`host_numbers`, None
+#: without). A tuple: on the training thread an object would cost a call.
+QuietStep = tuple[int, float, float | None, float | None, float | tuple[float, ...], int | None, int | None,
+                  float | None, StepMarks | None, tuple[BatchPrint, ...], tuple[Any, ...],
+                  dict[str, float] | None]
+
+
+def group_rates(groups: Sequence[dict[str, Any]]) -> tuple[float, ...] | None:
+    """Each parameter group's learning rate, where every one is a plain float (what a step can read
+    without touching a device); None otherwise (a capturable optimizer's rates are tensors).
+
+    Most recipes for transformers train two groups (weight decay on the matrices, none on biases and
+    norms: the Hugging Face Trainer, nanoGPT), so several groups are as usual as one.
+    """
+    rates = tuple([group["lr"] for group in groups])
+    return rates if all(type(rate) is float for rate in rates) else None
+
+
+def host_numbers(extra: dict[str, Any], room: int) -> dict[str, float]:
+    """A step's extras (``Monitor.step(loss, accuracy=...)``) read as floats, where each is a real
+    number (Python's or NumPy's) or a one-number tensor on the CPU (read now: the loop may change it
+    in place), at most ``room`` of them, each name within the protocol's length; empty otherwise (a
+    tensor on a device, which is copied with the step's other device numbers, or what the full step
+    reports as an error: one extra breaks the rule, the whole step takes the full path).
+    """
+    if len(extra) > room:
+        return {}
+    numbers: dict[str, float] = {}
+    for name, value in extra.items():
+        if len(name) > MAX_NAME_CHARS:
+            return {}
+        kind = type(value)  # the usual types first: isinstance with torch.Tensor or Real costs ~300 ns
+        if kind is float or kind is int:
+            numbers[name] = float(value)
+        elif kind is torch.Tensor or isinstance(value, torch.Tensor):
+            if not value.is_cpu or value.numel() != 1:
+                return {}
+            numbers[name] = value.item()
+        elif isinstance(value, Real):  # bool, NumPy's scalars
+            numbers[name] = float(value)
+        else:
+            return {}
+    return numbers
+
+
+@functools.cache
+def lr_names(groups: int) -> tuple[str, ...]:
+    """The metrics that carry ``groups`` parameter groups' learning rates: ``lr``, ``lr/1``, ..."""
+    return ("lr", *(f"lr/{group}" for group in range(1, groups)))
 
 
 def step_loss(losses: Sequence[torch.Tensor], *, shares: bool = False) -> torch.Tensor | None:
