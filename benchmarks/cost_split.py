@@ -156,10 +156,16 @@ def deep(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
 
 
 def gpt2(_: Callable[..., torch.Tensor]) -> Loop:
+    """The tiny GPT-2 with AdamW over two parameter groups, weight decay on the matrices and none on
+    biases and norms, as the Hugging Face Trainer (``Trainer.create_optimizer``) and nanoGPT
+    (``configure_optimizers``) build it."""
     from helpers.tiny_lm import tiny_gpt2, token_rows
 
     model = tiny_gpt2()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=1e-3)
     rows = itertools.cycle(token_rows(8 * 64).split(8))
 
     def forward() -> torch.Tensor:

@@ -11,6 +11,8 @@ a default Monitor (no viewer), each arm in turn for ``--steps`` training steps a
 reversed every other round), medians over all its calls:
 
 - ``step()``: ``Monitor.step(loss)`` after each training step (the issue's figure);
+- ``+ extras``: the same with two numbers of the loop's own, ``Monitor.step(loss, correct=...,
+  seen=...)`` (a count kept in a tensor on the CPU, an int), as loops that report an accuracy do;
 - ``append``: the least any ``step()`` can do, appending (time, loss) to a list, after each
   training step: the floor set by the caches and the call;
 - ``+ item``: the same with the loss read on the training thread (``loss.item()``);
@@ -40,7 +42,7 @@ from overhead import WARM_UP_STEPS  # noqa: E402
 
 from publisher.monitor import Monitor  # noqa: E402
 
-ARMS = ("step()", "append", "+ item", "warm")
+ARMS = ("step()", "+ extras", "append", "+ item", "warm")
 
 
 def measure(loop: Loop, mon: Monitor, steps: int, rounds: int) -> dict[str, float]:
@@ -54,8 +56,13 @@ def measure(loop: Loop, mon: Monitor, steps: int, rounds: int) -> dict[str, floa
     def append_item(loss: torch.Tensor) -> None:
         kept.append((time.perf_counter(), loss.item()))
 
+    correct = torch.zeros(())
+
+    def step_extras(loss: torch.Tensor) -> None:
+        mon.step(loss, correct=correct, seen=64)
+
     calls: dict[str, Callable[[torch.Tensor], None]] = {
-        "step()": mon.step, "append": append, "+ item": append_item}
+        "step()": mon.step, "+ extras": step_extras, "append": append, "+ item": append_item}
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for round_index in range(rounds):
         for arm in ARMS if round_index % 2 == 0 else reversed(ARMS):
@@ -90,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s); medians of {args.rounds} x {args.steps} "
           "calls an arm, in us")
-    print(f"{'model':<8}{'step()':>9}{'append':>9}{'+ item':>9}{'warm':>9}{'step()/append':>15}"
-          f"{'step()/warm':>13}")
+    print(f"{'model':<8}{'step()':>9}{'+ extras':>10}{'append':>9}{'+ item':>9}{'warm':>9}"
+          f"{'step()/append':>15}{'step()/warm':>13}")
     for name in models:
         loop = MODELS[name](torch.nn.functional.cross_entropy)
         with tempfile.TemporaryDirectory() as runtime:
@@ -105,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 mon.close()
             os.environ.pop("TUIMON_RUNTIME_DIR", None)
-        print(f"{name:<8}{us['step()']:>9.1f}{us['append']:>9.1f}{us['+ item']:>9.1f}{us['warm']:>9.1f}"
-              f"{us['step()'] / us['append']:>15.1f}{us['step()'] / us['warm']:>13.1f}", flush=True)
+        print(f"{name:<8}{us['step()']:>9.1f}{us['+ extras']:>10.1f}{us['append']:>9.1f}{us['+ item']:>9.1f}"
+              f"{us['warm']:>9.1f}{us['step()'] / us['append']:>15.1f}{us['step()'] / us['warm']:>13.1f}",
+              flush=True)
     return 0
 
 
