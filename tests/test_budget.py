@@ -53,6 +53,19 @@ def test_one_slow_run_moves_the_period_for_a_few_runs_only() -> None:
     assert budget.gap(1e-3) <= 12
 
 
+def test_a_run_paused_a_thousand_fold_spaces_the_next_runs_by_less_than_twice() -> None:
+    """A run that a busy core descheduled (or a garbage collection paused) does not silence the
+    measurement for thousands of steps; a cost that rose for good is followed within a few runs."""
+    budget = CostBudget(0.01, every=1, cold=0)
+    for _ in range(20):
+        budget.charge(100e-6)
+    budget.charge(0.1)  # 1000x the usual 100 us
+    assert budget.gap(1e-3) < 20
+    for _ in range(12):
+        budget.charge(1e-3)  # the measurement costs 10x more from now on
+    assert budget.gap(1e-3) >= 90
+
+
 @pytest.mark.parametrize("share", [0, -0.1, 1.5, "1", True])
 def test_a_share_outside_0_to_1_is_refused_with_its_name(share: object) -> None:
     with pytest.raises(ValueError, match="grad_norm_budget must be a share of the step time"):

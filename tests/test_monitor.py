@@ -778,7 +778,7 @@ def test_with_two_optimizers_a_step_the_budget_measures_reports_its_gradient_nor
             opt_d.zero_grad()
 
     with Monitor(torch.nn.Sequential(generator, discriminator), opt_g, run="two", record=record,
-                 gpu="none", stats=False, grad_norm_budget=0.001) as mon:
+                 gpu="none", stats=False, grad_norm_budget=0.01) as mon:
         mon.add_optimizer(opt_d)
         train(mon, 20)
         wait_until_recorded(record, step=20)  # the step worker has timed them: the clock knows
@@ -789,7 +789,7 @@ def test_with_two_optimizers_a_step_the_budget_measures_reports_its_gradient_nor
         "both models' gradients, as the updates used them"
     later = [step for step in reported if step > 20]
     # Each measured step measures twice (each check afresh): the budget spaces them further.
-    assert 2 <= len(later) <= 200, "0.1 % of a sub-millisecond step: every few steps"
+    assert 2 <= len(later) <= 200, "1 % of a sub-millisecond step: every ten steps or so"
 
 
 def test_simulated_gpus_idle_before_the_first_step_raise_no_low_utilisation(tmp_path: Path) -> None:

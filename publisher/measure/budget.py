@@ -83,7 +83,16 @@ class CostBudget:
     steps are long, ``every`` steps would be too late. The first ``cold`` charges are ignored: they
     pay one-off set-up (allocator, kernel selection, first calls of Python code), not the steady
     cost. ``share`` 1.0 turns the budget off (always ``every``).
+
+    A charge counts for at most :attr:`OUTLIER` times the average so far: a run that a busy core
+    descheduled or a garbage collection paused can take a thousand times its usual time, and
+    averaged whole it would space the next runs a thousand-fold further (hundreds of times
+    further, then slowly less: a gradient norm unmeasured for thousands of steps). A lasting rise
+    is still followed, by up to ``1 + smoothing * (OUTLIER - 1)`` times a run.
     """
+
+    #: How many times the average cost one charge can count for.
+    OUTLIER = 4.0
 
     __slots__ = ("_cold", "_smoothing", "cost", "every", "longest", "share", "within_s")
 
@@ -105,7 +114,12 @@ class CostBudget:
             self._cold -= 1
             return
         cost = self.cost
-        self.cost = seconds if cost is None else cost + self._smoothing * (seconds - cost)
+        if cost is None:
+            self.cost = seconds
+        else:
+            if cost > 0:
+                seconds = min(seconds, self.OUTLIER * cost)
+            self.cost = cost + self._smoothing * (seconds - cost)
 
     def gap(self, step_time: float | None) -> int:
         """Steps from this run to the next, for steps of ``step_time`` seconds (None: unknown)."""
