@@ -115,3 +115,15 @@ def test_the_optimizer_hooks_benchmark_takes_the_monitors_hooks_off_and_puts_the
     on_opt, off_opt, _, on_call, off_call = (float(v) for v in re.findall(r"(-?[\d.]+)us", row))
     assert hooks == 2, row
     assert on_opt > 0 and off_opt > 0 and on_call > 0 and off_call > 0, row
+
+
+def test_the_step_floor_benchmark_times_every_arm_of_step() -> None:
+    """`step_floor.py` on the small MLP, one short round: every arm, the one passing extras
+    included, prints a positive median."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_floor.py"), "--steps", "30",
+                           "--rounds", "1", "--models", "mlp"],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("mlp")).split()
+    medians = [float(value) for value in row[1:]]
+    assert len(medians) == 7 and min(medians) > 0, row  # five arms, two ratios
