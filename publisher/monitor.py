@@ -302,7 +302,8 @@ class Monitor:
         """After a full step: how many coming steps need no more than :meth:`step`'s quiet path, the
         fewest any part allows (the gradient norm's budget, the layer sampler's next sample, the
         invariant checker's next work, the non-finite check's hooks); the parts are told at once
-        that those steps will pass (a quiet run that ends early only brings their work forward).
+        that those steps will pass (a quiet run that ends early gives back the steps it did not
+        take: :meth:`_unplan_quiet`).
         None while copies from a device are on their way (the steps must reach the worker in
         order), without an optimizer, or where a learning rate is not a float. Called at the end of
         the full step, which has set ``_quiet`` to 0."""
