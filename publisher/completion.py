@@ -53,7 +53,7 @@ class StepCompletion:
         """The step's metrics, from its readings."""
         metrics = readings.metrics
         for (name, _), value in zip(readings.waiting, readings.values, strict=False):
-            metrics[name] = value.item()
+            metrics[name] = float(value.item())
         arrays = readings.values[len(readings.waiting):] if readings.waiting else readings.values
         self._timing(metrics, readings.at, readings.previous_at, readings.tokens, readings.samples,
                      readings.data_time, readings.compute)

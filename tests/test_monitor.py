@@ -22,6 +22,7 @@ from helpers.waiting import wait_until
 from publisher.monitor import Monitor
 from publisher.readings.compute_time import ComputeTimer, HostMarks, marks_for
 from publisher.wire.protocol import read_number
+from publisher.wire.validation import check_message
 
 
 class Regression:
@@ -279,9 +280,9 @@ def test_every_step_is_published_with_the_loss_and_learning_rate_the_loop_had(tm
 
 def test_extras_are_published_on_every_step_with_the_values_they_had_at_that_step(tmp_path: Path) -> None:
     """A loop that passes numbers of its own on every step (a count it keeps in a tensor and resets in
-    place after the step, a plain float, an int) sees each step's own values in its metrics, on the
-    steps the Monitor takes its short path too; an extra that is no number costs that extra only, on
-    its step, and is counted as a telemetry error."""
+    place after the step, a plain float, an int, a yes/no tensor) sees each step's own values in its
+    metrics, as numbers a viewer accepts, on the steps the Monitor takes its short path too; an extra
+    that is no number costs that extra only, on its step, and is counted as a telemetry error."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(24)], torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -294,14 +295,17 @@ def test_extras_are_published_on_every_step_with_the_values_they_had_at_that_ste
             optimizer.step()
             correct += step % 7
             mon.step(loss, correct=correct, fraction=step / 1000, seen=8 * step,
-                     **({"note": "not a number"} if step == 200 else {}))
+                     even=torch.tensor(step % 2 == 0), **({"note": "not a number"} if step == 200 else {}))
             correct.zero_()
             optimizer.zero_grad()
         errors = mon.telemetry_errors
-    metrics = [m["metrics"] for m in of_type(read_messages(record), "metrics")]
+    messages = of_type(read_messages(record), "metrics")
+    for message in messages:
+        check_message(message)  # what a viewer checks: a message that fails is dropped whole
+    metrics = [m["metrics"] for m in messages]
     assert len(metrics) == 300
-    assert [(m["correct"], m["fraction"], m["seen"]) for m in metrics] == [
-        (float(step % 7), step / 1000, float(8 * step)) for step in range(1, 301)]
+    assert [(m["correct"], m["fraction"], m["seen"], m["even"]) for m in metrics] == [
+        (float(step % 7), step / 1000, float(8 * step), float(step % 2 == 0)) for step in range(1, 301)]
     assert "note" not in metrics[199] and errors == 1
 
 

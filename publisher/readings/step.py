@@ -63,7 +63,7 @@ class StepReadings:
         if not isinstance(value, torch.Tensor):
             self.metrics[name] = float(value)
         elif value.is_cpu:
-            self.metrics[name] = value.item()
+            self.metrics[name] = float(value.item())  # a bool tensor's item is no number on the wire
         else:
             self.waiting.append((name, value))
 
@@ -110,7 +110,7 @@ def host_numbers(extra: dict[str, Any], room: int) -> dict[str, float]:
         elif kind is torch.Tensor or isinstance(value, torch.Tensor):
             if not value.is_cpu or value.numel() != 1:
                 return {}
-            numbers[name] = value.item()
+            numbers[name] = float(value.item())
         elif isinstance(value, Real):  # bool, NumPy's scalars
             numbers[name] = float(value)
         else:
