@@ -269,7 +269,7 @@ class ComputeTimer:
                     if seconds is None:
                         pending.append(Interval(start, end, less))
                         return None
-                    return max(seconds - less, 0.0) if seconds >= 0 else None
+                    return _own_seconds(seconds, less)
                 if len(pending) < PENDING_STEPS:
                     pending.append(Interval(start, end, less))
         reached = None
@@ -279,8 +279,9 @@ class ComputeTimer:
             if seconds is None:
                 break
             pending.popleft()
-            if seconds >= 0:
-                reached = max(seconds - interval.less, 0.0)
+            own = _own_seconds(seconds, interval.less)
+            if own is not None:
+                reached = own
         return reached
 
     def close(self) -> None:
@@ -289,3 +290,9 @@ class ComputeTimer:
         self._handles.clear()
         self._marks = None
         self._pending.clear()
+
+
+def _own_seconds(seconds: float, less: float) -> float | None:
+    """A step's own compute time: the ``seconds`` between its marks less the waits inside them
+    (``less``), never below 0; None where the end mark reads before the start (no reading)."""
+    return max(seconds - less, 0.0) if seconds >= 0 else None
