@@ -43,6 +43,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import statistics
 import sys
@@ -59,7 +60,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from blocks import arms, pair_ratio
+from blocks import STEAL_LIMIT, Steal, add_steal_option, arms, calm, pair_ratio, round_steal
 from helpers import tiny_lm  # the tests' model and data (tests/helpers/tiny_lm.py)
 from helpers.tiny_lm import LmRows
 
@@ -265,22 +266,29 @@ def timed_run(framework: str, steps: int, monitored: bool, warmup: int, threads:
 PHASES = ((10, 20), (20, 40), (40, 60), (60, 100), (100, 150), (150, 250), (250, 400))
 
 
-def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int) -> dict[str, Any]:
-    """``repeats`` ABBA pairs of runs, after one short discarded pair (imports, first allocations)."""
+def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int,
+            steal_limit: float = STEAL_LIMIT) -> dict[str, Any]:
+    """``repeats`` ABBA pairs of runs, after one short discarded pair (imports, first allocations);
+    the ratio over the calm pairs (``blocks.calm``: the host took at most ``steal_limit`` of the
+    machine's CPU time during either run)."""
     for monitored in (False, True):
         timed_run(framework, max(warmup + 2, 5), monitored, 0, threads)
     means: dict[bool, list[float]] = {False: [], True: []}
     fixed: dict[bool, list[float]] = {False: [], True: []}
     early: dict[bool, list[float]] = {False: [], True: []}
     ratios: list[float] = []
+    pair_steals: list[float | None] = []
     cpu_ratios: list[float] = []
     phases: dict[tuple[int, int], list[float]] = {band: [] for band in PHASES if band[1] <= steps}
     for repeat in range(repeats):
         step_times: dict[bool, list[float]] = {}
         every_step: dict[bool, list[float]] = {}
         cpu: dict[bool, float] = {}
+        steals: list[float | None] = []
         for monitored in arms(repeat):
+            steal = Steal()
             run = timed_run(framework, steps, monitored, warmup, threads)
+            steals.append(steal.share())
             step_times[monitored] = run.step_times
             every_step[monitored] = run.all_times
             cpu[monitored] = run.cpu_s
@@ -288,13 +296,16 @@ def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int)
             fixed[monitored].append(run.fixed_s)
             early[monitored].append(run.early_s)
         ratios.append(pair_ratio(step_times[True], step_times[False]))
+        pair_steals.append(round_steal(steals))
         cpu_ratios.append(cpu[True] / cpu[False])
         for low, high in phases:
             phases[low, high].append(pair_ratio(every_step[True][low:high], every_step[False][low:high]))
+    kept = calm(ratios, pair_steals, steal_limit)
     return {
         "without_ms": statistics.median(means[False]) * 1e3,
         "with_ms": statistics.median(means[True]) * 1e3,
-        "ratio": statistics.median(ratios),
+        "ratio": statistics.median(kept) if kept else math.nan,
+        "calm": len(kept),
         "low": min(ratios),
         "high": max(ratios),
         "cpu": statistics.median(cpu_ratios),
@@ -340,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--phases", action="store_true",
                         help="also print the ratio over bands of steps from the start (its cost fading)")
+    add_steal_option(parser)
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.frameworks.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(FRAMEWORKS))
@@ -351,9 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("under `tuimon run` the callbacks stand aside: run this benchmark directly")
     print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs; tiny GPT-2 {SIZE}.")
     print(f"{args.steps} steps a run, the first {args.warmup} left out; {args.repeats} ABBA pairs a"
-          " framework. Step times are runs' means; ratio is the median over pairs of (with / without),"
-          " spread its range.")
-    columns = {"without": 10, "with": 10, "ratio": 8, "spread": 15, "cpu": 8, "first": 10, "start+end": 12}
+          " framework. Step times are runs' means; ratio is the median over calm pairs (the host took at"
+          f" most {args.steal_limit:g} of the CPU time during either run) of (with / without), calm their"
+          " count, spread the range over every pair.")
+    columns = {"without": 10, "with": 10, "ratio": 8, "calm": 7, "spread": 15, "cpu": 8, "first": 10,
+               "start+end": 12}
     header = f"{'framework':<11}" + "".join(f"{name:>{width}}" for name, width in columns.items())
     print(header)
     print("-" * len(header))
@@ -365,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
             if absent:
                 print(f"{framework:<11}skipped: {', '.join(absent)} not installed", flush=True)
                 continue
-            r = measure(framework, args.steps, args.repeats, args.warmup, args.threads)
-            print(f"{framework:<11}{r['without_ms']:>8.2f}ms{r['with_ms']:>8.2f}ms{r['ratio']:>8.3f}"
+            r = measure(framework, args.steps, args.repeats, args.warmup, args.threads, args.steal_limit)
+            calm_pairs = f"{r['calm']}/{args.repeats}"
+            print(f"{framework:<11}{r['without_ms']:>8.2f}ms{r['with_ms']:>8.2f}ms{r['ratio']:>8.3f}{calm_pairs:>7}"
                   f"{r['low']:>8.3f}-{r['high']:.3f}{r['cpu']:>8.3f}{r['early_ms']:>+8.0f}ms"
                   f"{r['fixed_ms']:>+10.0f}ms", flush=True)
             if args.phases:

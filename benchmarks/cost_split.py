@@ -65,7 +65,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from blocks import add_block_option, arms, block_steps, pair_ratio  # noqa: E402
+from blocks import (  # noqa: E402
+    STEAL_LIMIT,
+    Steal,
+    add_block_option,
+    add_steal_option,
+    arms,
+    block_steps,
+    calm,
+    middle_half,
+    pair_ratio,
+    round_steal,
+)
 from learnable import learnable_batches  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, viewer, wait_ready  # noqa: E402
 
@@ -205,7 +216,8 @@ def process_cpu_ns(pid: int) -> int:
 Build = Callable[[Callable[..., torch.Tensor]], Loop]
 
 
-def measure(build: Build, rounds: int, block_s: float) -> tuple[str, dict[str, float]]:
+def measure(build: Build, rounds: int, block_s: float,
+            steal_limit: float = STEAL_LIMIT) -> tuple[str, dict[str, float]]:
     plain = build(TORCH_CROSS_ENTROPY)
     watched = build(nn.functional.cross_entropy)
     with tempfile.TemporaryDirectory() as runtime:
@@ -225,9 +237,12 @@ def measure(build: Build, rounds: int, block_s: float) -> tuple[str, dict[str, f
             off_cpu = {False: 0.0, True: 0.0}  # seconds the training thread was not running
             calls: list[float] = []
             ratios: list[float] = []
+            steals: list[float | None] = []  # per round: the most either block lost to the host
             for index in range(rounds):
                 block: dict[bool, list[float]] = {False: [], True: []}
+                shares: list[float | None] = []
                 for monitored in arms(index):
+                    steal = Steal()
                     block_started, cpu_started = time.perf_counter(), time.thread_time()
                     for _ in range(steps_per_block):
                         started = time.perf_counter()
@@ -239,6 +254,8 @@ def measure(build: Build, rounds: int, block_s: float) -> tuple[str, dict[str, f
                         block[monitored].append(time.perf_counter() - started)
                     off_cpu[monitored] += (time.perf_counter() - block_started
                                            - (time.thread_time() - cpu_started))
+                    shares.append(steal.share())
+                steals.append(round_steal(shares))
                 times[False] += block[False]
                 times[True] += block[True]
                 ratios.append(pair_ratio(block[True], block[False]))
@@ -254,9 +271,11 @@ def measure(build: Build, rounds: int, block_s: float) -> tuple[str, dict[str, f
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
     bare, with_monitor = statistics.fmean(times[False]), statistics.fmean(times[True])
     waits = (off_cpu[True] - off_cpu[False]) / steps
+    kept = calm(ratios, steals, steal_limit)
+    q1, ratio, q3 = middle_half(kept)
     return plain.name, {
-            "bare_ms": bare * 1e3, "with_ms": with_monitor * 1e3, "ratio": statistics.median(ratios),
-            **dict(zip(("q1", "q3"), statistics.quantiles(ratios, n=4)[::2], strict=True)),
+            "bare_ms": bare * 1e3, "with_ms": with_monitor * 1e3, "ratio": ratio, "q1": q1, "q3": q3,
+            "calm": len(kept), "rounds": rounds,
             "call_us": statistics.median(calls) * 1e6,
             **{f"{name}_us": value for name, value in phases.items()},
             "waits_us": waits * 1e6,
@@ -280,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds per model")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     add_block_option(parser)
+    add_steal_option(parser)
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in MODELS]
@@ -289,17 +309,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
           "step() call, means for the rest (step times, parts of the step, threads); a live viewer "
           f"subscribed; one sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the "
-          "median of the rounds' ratios, whose middle half is q1-q3: on a shared machine read it as a band")
+          "median of the calm rounds' ratios (the host took at most "
+          f"{args.steal_limit:g} of the CPU time in either block; calm: how many), whose middle half is "
+          "q1-q3: on a shared machine read it as a band")
     columns = ("bare", "with", "ratio", "step()", *PHASES, "waits", "worker", "link", "process", "gpu",
                "watchdog")
-    header = (f"{'model':<15}" + "".join(f"{name:>9}" for name in columns[:3]) + f"{'rounds q1-q3':>14}"
-              + "".join(f"{name:>10}" for name in columns[3:]))
+    header = (f"{'model':<15}" + "".join(f"{name:>9}" for name in columns[:3])
+              + f"{'rounds q1-q3':>14}{'calm':>7}" + "".join(f"{name:>10}" for name in columns[3:]))
     print(header)
     print("-" * len(header))
     for name in chosen:
-        title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds, args.block_s)
+        title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds, args.block_s,
+                           args.steal_limit)
         middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
-        print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}"
+        calm_rounds = f"{r['calm']}/{r['rounds']}"
+        print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}{calm_rounds:>7}"
               + "".join(f"{r[key]:>8.1f}us" for key in (
                   "call_us", *(f"{name}_us" for name in PHASES), "waits_us", "worker_us", "link_us",
                   "process_us", "gpu_us", "watchdog_us")),

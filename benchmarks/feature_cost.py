@@ -10,7 +10,8 @@ samples, ``-detectors``, ``-grad norm``: its budget at one millionth, so it is m
 first steps only); and none of those four (``base``: what any Monitor costs, the step's
 capture, the step worker and the publisher's process, the non-finite check's and the compute
 clock's hooks, the hang watchdog). A feature's cost is ``all``'s extra time per step less the
-arm without it.
+arm without it. ``bare again``, a second bare copy, is the run's own A/A: how far from 1.000 a
+ratio reads where nothing differs, the smallest cost this run can tell.
 
 The arms take turns in blocks of about a second (``blocks.py``), in forward then reverse order
 from round to round, so that a shared machine's drift hits them alike; each arm's figure is the
@@ -35,7 +36,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from blocks import add_block_option, block_steps
+from blocks import Steal, add_block_option, add_steal_option, block_steps, calm, middle_half, round_steal
 from cost_split import MODELS, Loop
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS
 
@@ -46,6 +47,7 @@ ROUNDS = 16
 #: The Monitor's settings for each arm (None: the bare loop).
 WITHOUT: dict[str, dict[str, Any] | None] = {
     "bare": None,
+    "bare again": None,
     "all": {},
     "-invariants": {"invariants": False},
     "-stats": {"stats": False},
@@ -55,8 +57,10 @@ WITHOUT: dict[str, dict[str, Any] | None] = {
 }
 
 
-def run_block(loop: Loop, mon: Monitor | None, steps: int) -> float:
-    """Mean seconds a step over ``steps`` steps of ``loop`` (watched by ``mon`` where given)."""
+def run_block(loop: Loop, mon: Monitor | None, steps: int) -> tuple[float, float | None]:
+    """Mean seconds a step over ``steps`` steps of ``loop`` (watched by ``mon`` where given), and
+    the share of the machine's CPU time the host took meanwhile (``blocks.Steal``)."""
+    steal = Steal()
     started = time.perf_counter()
     if mon is None:
         for _ in range(steps):
@@ -64,11 +68,13 @@ def run_block(loop: Loop, mon: Monitor | None, steps: int) -> float:
     else:
         for _ in range(steps):
             mon.step(loop.step())
-    return (time.perf_counter() - started) / steps
+    return (time.perf_counter() - started) / steps, steal.share()
 
 
-def measure(model: str, rounds: int, block_s: float) -> dict[str, list[float]]:
-    """Per arm, its rounds' ratios of mean step time to the bare arm's."""
+def measure(model: str, rounds: int, block_s: float
+            ) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
+    """Per arm, its rounds' ratios of mean step time to the bare arm's, and each ratio's steal (the
+    most either block lost to the host)."""
     # The bare arm calls torch's own loss, the others the one a Monitor wraps (as in cost_split.py).
     loops = {arm: MODELS[model](TORCH_CROSS_ENTROPY if settings is None else nn.functional.cross_entropy)
              for arm, settings in WITHOUT.items()}
@@ -84,18 +90,21 @@ def measure(model: str, rounds: int, block_s: float) -> dict[str, list[float]]:
                 run_block(loops[arm], mons[arm], WARM_UP_STEPS)
             steps = block_steps(loops["bare"].step, block_s)
             ratios: dict[str, list[float]] = {arm: [] for arm in WITHOUT}
+            steals: dict[str, list[float | None]] = {arm: [] for arm in WITHOUT}
             order = list(WITHOUT)
             for index in range(rounds):
-                means = {arm: run_block(loops[arm], mons[arm], steps)
-                         for arm in (order if index % 2 == 0 else order[::-1])}
-                for arm, mean in means.items():
-                    ratios[arm].append(mean / means["bare"])
+                blocks = {arm: run_block(loops[arm], mons[arm], steps)
+                          for arm in (order if index % 2 == 0 else order[::-1])}
+                bare_mean, bare_steal = blocks["bare"]
+                for arm, (mean, steal) in blocks.items():
+                    ratios[arm].append(mean / bare_mean)
+                    steals[arm].append(round_steal([steal, bare_steal]))
         finally:
             for mon in mons.values():
                 if mon is not None:
                     mon.close()
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
-    return ratios
+    return ratios, steals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,21 +112,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds (default {ROUNDS})")
     parser.add_argument("--model", default="mlp", choices=list(MODELS), help="the model (default mlp)")
     add_block_option(parser)
+    add_steal_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    ratios = measure(args.model, args.rounds, args.block_s)
-    full = statistics.median(ratios["all"])
+    ratios, steals = measure(args.model, args.rounds, args.block_s)
+    kept = {arm: calm(ratios[arm], steals[arm], args.steal_limit) for arm in ratios}
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, model {args.model}, {args.rounds} "
-          "rounds; ratio: the median over rounds of the arm's mean step time over the bare arm's, q1-q3 "
-          "its middle half; cost: all's ratio less the arm's, in points of the bare step")
-    print(f"{'arm':<14}{'ratio':>8}{'q1-q3':>15}{'cost':>8}")
-    for arm, values in ratios.items():
+          "rounds; ratio: the median over calm rounds (the host took at most "
+          f"{args.steal_limit:g} of the CPU time in both blocks) of the arm's mean step time over the bare "
+          "arm's, q1-q3 its middle half; cost: all's ratio less the arm's, in points of the bare step; "
+          "all rounds: the median over every round")
+    print(f"{'arm':<14}{'ratio':>8}{'q1-q3':>15}{'cost':>8}{'calm':>8}{'all rounds':>12}")
+    full = middle_half(kept["all"])[1]
+    for arm, values in kept.items():
         if arm == "bare":
             continue
-        q1, _, q3 = statistics.quantiles(values, n=4)
-        middle = statistics.median(values)
-        cost = "" if arm == "all" else f"{(full - middle) * 100:+.1f}"
-        print(f"{arm:<14}{middle:>8.3f}{f'{q1:.3f}-{q3:.3f}':>15}{cost:>8}")
+        every = f"{statistics.median(ratios[arm]):>12.3f}"
+        share = f"{len(values)}/{len(ratios[arm])}"
+        q1, middle, q3 = middle_half(values)
+        cost = "" if arm in ("all", "bare again") else f"{(full - middle) * 100:+.1f}"
+        print(f"{arm:<14}{middle:>8.3f}{f'{q1:.3f}-{q3:.3f}':>15}{cost:>8}{share:>8}{every}")
     return 0
 
 

@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from ingest import parse_rows  # noqa: E402  (benchmarks/ is not a package)
+from blocks import Steal, calm, round_steal  # noqa: E402  (benchmarks/ is not a package)
+from ingest import parse_rows  # noqa: E402
 
 #: Blocks of 0.3 s (three hand-off periods) instead of a second: the scripts run through every arm
 #: in a third of the time, their figures further from the truth, which is not judged here.
@@ -73,33 +74,73 @@ def test_the_cost_split_benchmark_reads_every_background_thread() -> None:
     process's are measured (a thread renamed in the publisher would read 0 here, and the split
     would silently lose it), a value under every column of the header."""
     script = ROOT / "benchmarks" / "cost_split.py"
-    done = subprocess.run([sys.executable, str(script), "--rounds", "2", "--models", "mlp", *SHORT_BLOCKS],
+    done = subprocess.run([sys.executable, str(script), "--rounds", "2", "--models", "mlp",
+                           "--steal-limit", "1", *SHORT_BLOCKS],
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     header = next(line for line in lines if line.startswith("model")).split()
     row = next(line for line in lines if line.startswith("MLP"))
     values = [float(v) for v in re.findall(r"(-?[\d.]+)(?:us|ms)", row)]
-    timed = dict(zip([name for name in header if name not in ("model", "ratio", "rounds", "q1-q3")],
+    timed = dict(zip([name for name in header if name not in ("model", "ratio", "rounds", "q1-q3", "calm")],
                      values, strict=True))
+    assert re.search(r"\s2/2\s", row), row  # every round calm where the limit keeps them all
     assert timed["step()"] > 0 and timed["worker"] > 0 and timed["link"] > 0 and timed["process"] > 0, row
 
 
 def test_the_feature_cost_benchmark_measures_every_arm_against_the_bare_loop() -> None:
     """`feature_cost.py` on the small MLP, two rounds: a row for the default Monitor, each feature
-    left out and the base, each a ratio to the bare loop (a Monitor setting renamed would stop
-    it at start, a broken arm would print no row). The ratios themselves are not judged: two
+    left out, the base and a second bare copy (the run's A/A), each a ratio to the bare loop over
+    its calm rounds, all of them here (a Monitor setting renamed would stop it at start, a broken
+    arm would print no row). The ratios themselves are not judged: two
     rounds beside other tests are noise (an arm's two adjacent blocks read 2.16x in one CI run
     while the default Monitor's read about 1.1x)."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "feature_cost.py"), "--rounds", "2",
-                           *SHORT_BLOCKS],
+                           "--steal-limit", "1", *SHORT_BLOCKS],
                           capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr
     rows = {line[:14].strip(): line[14:].split() for line in done.stdout.splitlines()
-            if line.startswith(("all", "-", "base"))}
-    assert set(rows) == {"all", "-invariants", "-stats", "-detectors", "-grad norm", "base"}, done.stdout
-    for arm, (ratio, *_) in rows.items():
+            if line.startswith(("all", "-", "ba"))}
+    assert set(rows) == {"bare again", "all", "-invariants", "-stats", "-detectors", "-grad norm", "base"}, \
+        done.stdout
+    for arm, (ratio, *_, calm_rounds, every_round) in rows.items():
         assert math.isfinite(float(ratio)) and float(ratio) > 0, (arm, done.stdout)
+        assert calm_rounds == "2/2" and float(every_round) > 0, (arm, done.stdout)
+
+
+def _stat(path: Path, user: int, idle: int, steal: int) -> None:
+    """A /proc/stat as Linux writes it (proc(5)): the machine's line, then one per CPU."""
+    path.write_text(f"cpu  {user} 0 50 {idle} 10 0 5 {steal} 7 0\n"
+                    f"cpu0 {user} 0 50 {idle} 10 0 5 {steal} 7 0\nintr 1 2 3\nctxt 99\n")
+
+
+def test_steal_is_the_share_of_the_machines_time_the_host_took_between_two_readings(tmp_path: Path) -> None:
+    """A block during which the host took 40 of the machine's 200 ticks lost a fifth of its time:
+    its round is left out of the ratios at the default limit, kept where every round is asked for."""
+    stat = tmp_path / "stat"
+    _stat(stat, user=100, idle=800, steal=35)
+    steal = Steal(stat)
+    _stat(stat, user=160, idle=900, steal=75)
+    share = steal.share()
+    assert share == pytest.approx(40 / 200)
+    ratios, steals = [1.01, 1.40, 1.03], [0.001, share, None]
+    assert calm(ratios, steals, limit=0.02) == [1.01, 1.03]
+    assert calm(ratios, steals, limit=1.0) == ratios
+    assert round_steal([0.001, share]) == share and round_steal([None, None]) is None
+
+
+def test_a_machine_whose_kernel_keeps_no_steal_counts_every_round_as_calm(tmp_path: Path) -> None:
+    old_kernel = tmp_path / "stat"
+    old_kernel.write_text("cpu  100 0 50 800\n")  # Linux before 2.6.11: four counters
+    assert Steal(old_kernel).share() is None
+    assert Steal(tmp_path / "missing").share() is None
+    assert calm([1.2, 0.9], [None, None], limit=0.02) == [1.2, 0.9]
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="no /proc/stat here")
+def test_this_machines_steal_reads_as_a_share() -> None:
+    share = Steal().share()
+    assert share is not None and 0.0 <= share <= 1.0
 
 
 def test_the_optimizer_hooks_benchmark_takes_the_monitors_hooks_off_and_puts_them_back() -> None:
