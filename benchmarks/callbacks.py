@@ -43,7 +43,6 @@ import contextlib
 import importlib
 import importlib.util
 import logging
-import math
 import os
 import statistics
 import sys
@@ -60,7 +59,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from blocks import STEAL_LIMIT, Steal, add_steal_option, arms, calm, pair_ratio, round_steal
+from blocks import STEAL_LIMIT, Steal, add_steal_option, arms, calm, middle_half, pair_ratio, round_steal
 from helpers import tiny_lm  # the tests' model and data (tests/helpers/tiny_lm.py)
 from helpers.tiny_lm import LmRows
 
@@ -304,7 +303,7 @@ def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int,
     return {
         "without_ms": statistics.median(means[False]) * 1e3,
         "with_ms": statistics.median(means[True]) * 1e3,
-        "ratio": statistics.median(kept) if kept else math.nan,
+        "ratio": middle_half(kept)[1],
         "calm": len(kept),
         "low": min(ratios),
         "high": max(ratios),

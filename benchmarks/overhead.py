@@ -38,7 +38,17 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from blocks import STEAL_LIMIT, Steal, add_steal_option, arms, block_steps, calm, pair_ratio, round_steal
+from blocks import (
+    STEAL_LIMIT,
+    Steal,
+    add_steal_option,
+    arms,
+    block_steps,
+    calm,
+    middle_half,
+    pair_ratio,
+    round_steal,
+)
 from learnable import learnable_batches
 
 from publisher.monitor import Monitor
@@ -245,7 +255,7 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
     return {
         "without_ms": statistics.fmean(without) * 1e3,
         "with_ms": statistics.fmean(with_monitor) * 1e3,
-        "ratio": statistics.median(calm_ratios) if calm_ratios else math.nan,
+        "ratio": middle_half(calm_ratios)[1],
         "calm": len(calm_ratios),
         "rounds": rounds,
         "all_ratio": statistics.median(pair_ratios),
