@@ -76,6 +76,7 @@ from blocks import (  # noqa: E402
     middle_half,
     pair_ratio,
     round_steal,
+    same_memory_for_every_arm,
 )
 from learnable import learnable_batches  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, viewer, wait_ready  # noqa: E402
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     torch.set_num_threads(1)
+    same_memory_for_every_arm()
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
           "step() call, means for the rest (step times, parts of the step, threads); a live viewer "
           f"subscribed; one sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the "

@@ -36,7 +36,16 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from blocks import Steal, add_block_option, add_steal_option, block_steps, calm, middle_half, round_steal
+from blocks import (
+    Steal,
+    add_block_option,
+    add_steal_option,
+    block_steps,
+    calm,
+    middle_half,
+    round_steal,
+    same_memory_for_every_arm,
+)
 from cost_split import MODELS, Loop
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS
 
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     add_steal_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    same_memory_for_every_arm()
     ratios, steals = measure(args.model, args.rounds, args.block_s)
     kept = {arm: calm(ratios[arm], steals[arm], args.steal_limit) for arm in ratios}
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, model {args.model}, {args.rounds} "

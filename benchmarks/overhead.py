@@ -48,6 +48,7 @@ from blocks import (
     middle_half,
     pair_ratio,
     round_steal,
+    same_memory_for_every_arm,
 )
 from learnable import learnable_batches
 
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     add_steal_option(parser)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    same_memory_for_every_arm()
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda: no CUDA device (torch {torch.__version__})")
     sizes = CUDA_SIZES if device.type == "cuda" else SIZES
