@@ -57,9 +57,10 @@ def same_memory_for_every_arm() -> None:
     glibc raises the threshold each time a mapped block is freed (mallopt(3), "dynamic mmap
     threshold"): the first model's weights get fresh mappings, a model built after some of those
     were freed gets heap memory. On overhead.py's ~10 ms MLP the second of two identical plain
-    models then ran 8-11 % faster than the first (A/A, 12-16 rounds: 0.892 and 0.921), larger than
-    the target it measures; with the threshold fixed, 0.983-1.000. A no-op where the C library has
-    no ``mallopt`` (not glibc)."""
+    models then ran 5-11 % faster than the first (A/A, 12-16 rounds: 0.892, 0.921, 0.950), more than
+    the target it measures; with the threshold fixed, 0.983-1.004 (what else still favours the
+    watched arm there: docs/benchmarks.md). A no-op where the C library has no ``mallopt`` (not
+    glibc)."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
@@ -113,10 +114,11 @@ class Steal:
         return counters[7], sum(counters)
 
 
-def calm(ratios: Sequence[float], steals: Sequence[float | None], limit: float) -> list[float]:
-    """The ratios of the rounds whose blocks lost at most ``limit`` of the CPU time to the host
-    (a round's steal: the most any of its blocks lost; None, unknown, counts as calm)."""
-    return [ratio for ratio, steal in zip(ratios, steals, strict=True) if steal is None or steal <= limit]
+def calm(ratios: Sequence[float], steals: Sequence[Sequence[float | None]], limit: float) -> list[float]:
+    """The ratios of the rounds each of whose blocks lost at most ``limit`` of the CPU time to the
+    host; ``steals`` holds each round's blocks' :meth:`Steal.share` (None, unknown, counts as calm)."""
+    return [ratio for ratio, shares in zip(ratios, steals, strict=True)
+            if all(share is None or share <= limit for share in shares)]
 
 
 def middle_half(ratios: Sequence[float]) -> tuple[float, float, float]:
@@ -128,11 +130,6 @@ def middle_half(ratios: Sequence[float]) -> tuple[float, float, float]:
     q1, median, q3 = statistics.quantiles(ratios, n=4)
     return q1, median, q3
 
-
-def round_steal(shares: Sequence[float | None]) -> float | None:
-    """A round's steal: the most any of its blocks lost (None where none was read)."""
-    known = [share for share in shares if share is not None]
-    return max(known) if known else None
 
 
 def block_steps(step: Callable[[], object], seconds: float = BLOCK_S, probe: int = 20, least: int = 5) -> int:

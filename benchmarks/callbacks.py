@@ -67,7 +67,6 @@ from blocks import (
     calm,
     middle_half,
     pair_ratio,
-    round_steal,
     same_memory_for_every_arm,
 )
 from helpers import tiny_lm  # the tests' model and data (tests/helpers/tiny_lm.py)
@@ -286,7 +285,7 @@ def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int,
     fixed: dict[bool, list[float]] = {False: [], True: []}
     early: dict[bool, list[float]] = {False: [], True: []}
     ratios: list[float] = []
-    pair_steals: list[float | None] = []
+    pair_steals: list[list[float | None]] = []  # per pair: each run's steal
     cpu_ratios: list[float] = []
     phases: dict[tuple[int, int], list[float]] = {band: [] for band in PHASES if band[1] <= steps}
     for repeat in range(repeats):
@@ -305,7 +304,7 @@ def measure(framework: str, steps: int, repeats: int, warmup: int, threads: int,
             fixed[monitored].append(run.fixed_s)
             early[monitored].append(run.early_s)
         ratios.append(pair_ratio(step_times[True], step_times[False]))
-        pair_steals.append(round_steal(steals))
+        pair_steals.append(steals)
         cpu_ratios.append(cpu[True] / cpu[False])
         for low, high in phases:
             phases[low, high].append(pair_ratio(every_step[True][low:high], every_step[False][low:high]))

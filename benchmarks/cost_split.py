@@ -75,7 +75,6 @@ from blocks import (  # noqa: E402
     calm,
     middle_half,
     pair_ratio,
-    round_steal,
     same_memory_for_every_arm,
 )
 from learnable import learnable_batches  # noqa: E402
@@ -238,7 +237,7 @@ def measure(build: Build, rounds: int, block_s: float,
             off_cpu = {False: 0.0, True: 0.0}  # seconds the training thread was not running
             calls: list[float] = []
             ratios: list[float] = []
-            steals: list[float | None] = []  # per round: the most either block lost to the host
+            steals: list[list[float | None]] = []  # per round: each block's steal
             for index in range(rounds):
                 block: dict[bool, list[float]] = {False: [], True: []}
                 shares: list[float | None] = []
@@ -256,7 +255,7 @@ def measure(build: Build, rounds: int, block_s: float,
                     off_cpu[monitored] += (time.perf_counter() - block_started
                                            - (time.thread_time() - cpu_started))
                     shares.append(steal.share())
-                steals.append(round_steal(shares))
+                steals.append(shares)
                 times[False] += block[False]
                 times[True] += block[True]
                 ratios.append(pair_ratio(block[True], block[False]))

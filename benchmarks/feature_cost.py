@@ -43,7 +43,6 @@ from blocks import (
     block_steps,
     calm,
     middle_half,
-    round_steal,
     same_memory_for_every_arm,
 )
 from cost_split import MODELS, Loop
@@ -81,9 +80,9 @@ def run_block(loop: Loop, mon: Monitor | None, steps: int) -> tuple[float, float
 
 
 def measure(model: str, rounds: int, block_s: float
-            ) -> tuple[dict[str, list[float]], dict[str, list[float | None]]]:
-    """Per arm, its rounds' ratios of mean step time to the bare arm's, and each ratio's steal (the
-    most either block lost to the host)."""
+            ) -> tuple[dict[str, list[float]], dict[str, list[list[float | None]]]]:
+    """Per arm, its rounds' ratios of mean step time to the bare arm's, and each ratio's two blocks'
+    steal (the arm's and the bare one's)."""
     # The bare arm calls torch's own loss, the others the one a Monitor wraps (as in cost_split.py).
     loops = {arm: MODELS[model](TORCH_CROSS_ENTROPY if settings is None else nn.functional.cross_entropy)
              for arm, settings in WITHOUT.items()}
@@ -99,7 +98,7 @@ def measure(model: str, rounds: int, block_s: float
                 run_block(loops[arm], mons[arm], WARM_UP_STEPS)
             steps = block_steps(loops["bare"].step, block_s)
             ratios: dict[str, list[float]] = {arm: [] for arm in WITHOUT}
-            steals: dict[str, list[float | None]] = {arm: [] for arm in WITHOUT}
+            steals: dict[str, list[list[float | None]]] = {arm: [] for arm in WITHOUT}
             order = list(WITHOUT)
             for index in range(rounds):
                 blocks = {arm: run_block(loops[arm], mons[arm], steps)
@@ -107,7 +106,7 @@ def measure(model: str, rounds: int, block_s: float
                 bare_mean, bare_steal = blocks["bare"]
                 for arm, (mean, steal) in blocks.items():
                     ratios[arm].append(mean / bare_mean)
-                    steals[arm].append(round_steal([steal, bare_steal]))
+                    steals[arm].append([steal, bare_steal])
         finally:
             for mon in mons.values():
                 if mon is not None:

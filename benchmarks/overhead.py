@@ -47,7 +47,6 @@ from blocks import (
     calm,
     middle_half,
     pair_ratio,
-    round_steal,
     same_memory_for_every_arm,
 )
 from learnable import learnable_batches
@@ -224,7 +223,7 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
             with_monitor: list[float] = []
             call_costs: list[float] = []
             pair_ratios: list[float] = []  # per round: mean with / mean without, side by side
-            round_steals: list[float | None] = []  # per round: the most either block lost to the host
+            round_steals: list[list[float | None]] = []  # per round: each block's steal
             process_cpu = {False: 0.0, True: 0.0}  # CPU seconds of the whole process (all threads) per arm
             for round_index in range(rounds):
                 block_times: dict[bool, list[float]] = {False: [], True: []}
@@ -244,7 +243,7 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
                         block_times[monitored].append(time.perf_counter() - started)
                     process_cpu[monitored] += time.process_time() - cpu_started
                     steals.append(steal.share())
-                round_steals.append(round_steal(steals))
+                round_steals.append(steals)
                 without += block_times[False]
                 with_monitor += block_times[True]
                 pair_ratios.append(pair_ratio(block_times[True], block_times[False]))
