@@ -28,12 +28,13 @@ printed, not hidden. Where the kernel keeps no steal (not Linux, bare metal), ev
 from __future__ import annotations
 
 import argparse
-import ctypes
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import torch
 
 from publisher.wire.transport import HANDOFF_S
 
@@ -44,26 +45,22 @@ BLOCK_S = 10 * HANDOFF_S
 STEAL_LIMIT = 0.02
 #: The kernel's CPU time counters: the first line sums every CPU's.
 PROC_STAT = Path("/proc/stat")
-#: glibc's ``mallopt`` parameter for the size from which ``malloc`` maps fresh pages (malloc.h), and
-#: its default value.
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
-def same_memory_for_every_arm() -> None:
-    """Fix glibc's mmap threshold at its default, before any model is built, so that every arm's
-    tensors get the same kind of memory whichever arm allocated first.
+def flush_subnormals() -> None:
+    """Flush subnormal floats to zero in every arm (``torch.set_flush_denormal``: x86's FTZ/DAZ,
+    ARM's FZ), before any model is built, so that a step's cost depends on the work it does and not
+    on how far its model has trained.
 
-    glibc raises the threshold each time a mapped block is freed (mallopt(3), "dynamic mmap
-    threshold"): the first model's weights get fresh mappings, a model built after some of those
-    were freed gets heap memory. On overhead.py's ~10 ms MLP the second of two identical plain
-    models then ran 5-11 % faster than the first (A/A, 12-16 rounds: 0.892, 0.921, 0.950), more than
-    the target it measures; with the threshold fixed, 0.983-1.004 (what else still favours the
-    watched arm there: docs/benchmarks.md). A no-op where the C library has no ``mallopt`` (not
-    glibc)."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    Adam's first moment of a weight whose gradient stays zero (a dead ReLU's) decays by 0.9 a step
+    into the subnormals and, rounded to nearest, stays there; x86 does arithmetic on subnormals in
+    microcode. On overhead.py's ~10 ms MLP, 0.6M of them appeared after ~800 steps and the step went
+    from 11 to 24 ms (the >= 20 ms one: 1.1M, 30 to 55 ms). The onset is a matter of steps trained,
+    so the arm that had trained more (the plain one: it times the block length first) ran slower,
+    and two identical plain models read 0.89-0.95 in an A/A. Flushed, the step stays at 9-12 ms.
+    GPUs handle subnormals at full speed, so this is also nearer what a GPU run costs. Per thread:
+    the arms train on the calling thread (one torch thread)."""
+    torch.set_flush_denormal(True)
 
 
 def add_block_option(parser: argparse.ArgumentParser) -> None:

@@ -65,9 +65,9 @@ from blocks import (
     add_steal_option,
     arms,
     calm,
+    flush_subnormals,
     middle_half,
     pair_ratio,
-    same_memory_for_every_arm,
 )
 from helpers import tiny_lm  # the tests' model and data (tests/helpers/tiny_lm.py)
 from helpers.tiny_lm import LmRows
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least --warmup + 10, --repeats at least 1")
     if os.environ.get(AUTOSTART_ENV) == "1":
         parser.error("under `tuimon run` the callbacks stand aside: run this benchmark directly")
-    same_memory_for_every_arm()
+    flush_subnormals()
     print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs; tiny GPT-2 {SIZE}.")
     print(f"{args.steps} steps a run, the first {args.warmup} left out; {args.repeats} ABBA pairs a"
           " framework. Step times are runs' means; ratio is the median over calm pairs (the host took at"

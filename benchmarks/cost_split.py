@@ -73,9 +73,9 @@ from blocks import (  # noqa: E402
     arms,
     block_steps,
     calm,
+    flush_subnormals,
     middle_half,
     pair_ratio,
-    same_memory_for_every_arm,
 )
 from learnable import learnable_batches  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, viewer, wait_ready  # noqa: E402
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     torch.set_num_threads(1)
-    same_memory_for_every_arm()
+    flush_subnormals()
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
           "step() call, means for the rest (step times, parts of the step, threads); a live viewer "
           f"subscribed; one sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the "

@@ -42,8 +42,8 @@ from blocks import (
     add_steal_option,
     block_steps,
     calm,
+    flush_subnormals,
     middle_half,
-    same_memory_for_every_arm,
 )
 from cost_split import MODELS, Loop
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     add_steal_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    same_memory_for_every_arm()
+    flush_subnormals()
     ratios, steals = measure(args.model, args.rounds, args.block_s)
     kept = {arm: calm(ratios[arm], steals[arm], args.steal_limit) for arm in ratios}
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, model {args.model}, {args.rounds} "

@@ -1,11 +1,14 @@
 """What the Monitor costs a training loop: step time with and without it, measured in the same run.
 
-    python benchmarks/overhead.py [--quick] [--threads N] [--device cpu|cuda]
+    python benchmarks/overhead.py [--quick] [--rounds N] [--sizes 1ms,10ms,20ms] [--threads N]
+                                  [--device cpu|cuda]
 
-Three step sizes (~1 ms, ~10 ms and >= 20 ms) and four conditions (no viewer, a live viewer, a frozen viewer,
-``full``: everything a default Monitor does); a plain and a watched model train in alternating
-blocks of about a second, and the ratio is the median of adjacent blocks' ratios of mean step
-times (``blocks.py``: why means, and why a second).
+Three step sizes (~1 ms, ~10 ms and >= 20 ms) and four conditions (no viewer, a live viewer, a
+frozen viewer, ``full``: everything a default Monitor does), each after an A/A (``plain again``: a
+second plain model where the watched one would be, the spread two identical loops show on this
+machine at that hour); a plain and a watched model train in alternating blocks of about a second,
+and the ratio is the median of adjacent blocks' ratios of mean step times (``blocks.py``: why
+means, and why a second; and why subnormals are flushed in every arm).
 
 Targets (issue 23): ratio <= 1.05 at ~1 ms steps, <= 1.02 at ~10 ms and longer (TrainCheck,
 OSDI 2025, reports a median of 1.05x for its checks, worst 1.6x). Also printed: the median cost
@@ -45,9 +48,9 @@ from blocks import (
     arms,
     block_steps,
     calm,
+    flush_subnormals,
     middle_half,
     pair_ratio,
-    same_memory_for_every_arm,
 )
 from learnable import learnable_batches
 
@@ -90,6 +93,7 @@ print(count, flush=True)
 
 @dataclass(frozen=True)
 class ModelSize:
+    key: str  # what --sizes names it by
     name: str
     dims: tuple[int, int, int]  # input, hidden, classes
     batch: int
@@ -100,19 +104,23 @@ class ModelSize:
 #: those of issue 23's targets (~1 ms and ~10 ms steps) and a larger one.
 ROUNDS = 12
 SIZES = (
-    ModelSize("~1 ms step", (128, 256, 10), batch=64, target=1.05),
-    ModelSize("~10 ms step", (512, 768, 512), batch=64, target=1.02),
-    ModelSize(">=20 ms step", (512, 1024, 512), batch=160, target=1.02),
+    ModelSize("1ms", "~1 ms step", (128, 256, 10), batch=64, target=1.05),
+    ModelSize("10ms", "~10 ms step", (512, 768, 512), batch=64, target=1.02),
+    ModelSize("20ms", ">=20 ms step", (512, 1024, 512), batch=160, target=1.02),
 )
 #: On a GPU the CPU sizes are a few kernel launches: a small MLP whose step is launch-bound (the
 #: Monitor's host work is then most exposed), and a ~200M-parameter one (fp32, 768 rows: ~0.9
 #: TFLOP a step) for ~10-50 ms at an H100/H200's fp32 rate. Batches (``BATCHES`` of them, ~3 GB
 #: an arm at the large size) and both models live on the device.
 CUDA_SIZES = (
-    ModelSize("<1 ms (cuda)", (512, 1024, 512), batch=160, target=1.05),
-    ModelSize("~20 ms (cuda)", (8192, 8192, 8192), batch=768, target=1.02),
+    ModelSize("small", "<1 ms (cuda)", (512, 1024, 512), batch=160, target=1.05),
+    ModelSize("large", "~20 ms (cuda)", (8192, 8192, 8192), batch=768, target=1.02),
 )
-CONDITIONS = ("no viewer", "live viewer", "frozen viewer", "full")
+#: The run's own A/A: a second plain model in the watched arm's place, no Monitor. Its ratio is how
+#: far from 1.000 two identical loops read on this machine at that hour, the noise the others' ratios
+#: are read against.
+A_A = "plain again"
+CONDITIONS = (A_A, "no viewer", "live viewer", "frozen viewer", "full")
 #: Steps before measuring: a long run's steady state is what matters, not its start. ``full``
 #: measures every layer and checks every invariant on each of the first few steps (bugs present
 #: from the start show at once), and its cost budgets settle over the first few hundred steps.
@@ -155,7 +163,7 @@ class Trainer:
 @contextmanager
 def viewer(condition: str, endpoint: str) -> Iterator[subprocess.Popen[str] | None]:
     """The viewer process of a condition (None for "no viewer"), stopped and reaped at the end."""
-    if condition in ("no viewer", "full"):
+    if condition in (A_A, "no viewer", "full"):
         yield None
         return
     process = subprocess.Popen(
@@ -190,24 +198,24 @@ def wait_ready(process: subprocess.Popen[str], publish: Callable[[], None]) -> N
     os.set_blocking(process.stdout.fileno(), True)
 
 
-def measure(size: ModelSize, condition: str, scale: float, device: torch.device = CPU,
+def measure(size: ModelSize, condition: str, rounds: int, device: torch.device = CPU,
             steal_limit: float = STEAL_LIMIT) -> dict[str, float]:
+    watched = condition != A_A
     plain = Trainer(size, TORCH_CROSS_ENTROPY, device)
-    trainer = Trainer(size, nn.functional.cross_entropy, device)
+    trainer = Trainer(size, nn.functional.cross_entropy if watched else TORCH_CROSS_ENTROPY, device)
     cuda = device.type == "cuda"
-    rounds = max(2, round(ROUNDS * scale))
     full = condition == "full"
     with tempfile.TemporaryDirectory() as runtime:
         os.environ["TUIMON_RUNTIME_DIR"] = runtime
         mon = Monitor(trainer.model, trainer.optimizer, run=f"overhead-{condition}",
-                      gpu="auto" if cuda else "simulated", stats=full, invariants=full)
-        if full:
+                      gpu="auto" if cuda else "simulated", stats=full, invariants=full) if watched else None
+        if mon is not None and full:
             trainer.feed_through(mon)
-        with viewer(condition, mon.endpoint) as process:
-            if process is not None:
+        with viewer(condition, mon.endpoint if mon is not None else "") as process:
+            if process is not None and mon is not None:
                 wait_ready(process, lambda: mon.event("checkpoint", "benchmark handshake", severity="info"))
             if condition == "frozen viewer":
-                assert process is not None
+                assert process is not None and mon is not None
                 process.send_signal(signal.SIGSTOP)
                 for _ in range(30_000):  # fill its queue: from here on the publisher drops for it
                     mon.step(1.0)
@@ -215,7 +223,9 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
                     time.sleep(0.01)
             for _ in range(WARM_UP_STEPS):  # both arms
                 plain.forward_backward_step()
-                mon.step(trainer.forward_backward_step(), samples=trainer.batch)
+                loss = trainer.forward_backward_step()
+                if mon is not None:
+                    mon.step(loss, samples=trainer.batch)
             steps_per_block = block_steps(
                 lambda: (plain.forward_backward_step(), cuda and torch.cuda.synchronize(device)))
             own_before = _own_seconds(mon)
@@ -234,7 +244,7 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
                     for _ in range(steps_per_block):
                         started = time.perf_counter()
                         loss = (trainer if monitored else plain).forward_backward_step()
-                        if monitored:
+                        if monitored and mon is not None:
                             before_call = time.perf_counter()
                             mon.step(loss, samples=trainer.batch)
                             call_costs.append(time.perf_counter() - before_call)
@@ -249,8 +259,10 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
                 pair_ratios.append(pair_ratio(block_times[True], block_times[False]))
             own = (_own_seconds(mon) - own_before) / (rounds * steps_per_block)
             calm_ratios = calm(pair_ratios, round_steals, steal_limit)
-            stats = mon.publisher.stats()
-            mon.close()
+            dropped = 0
+            if mon is not None:
+                dropped = mon.publisher.stats()["dropped"]
+                mon.close()
     os.environ.pop("TUIMON_RUNTIME_DIR", None)
     return {
         "without_ms": statistics.fmean(without) * 1e3,
@@ -259,15 +271,17 @@ def measure(size: ModelSize, condition: str, scale: float, device: torch.device 
         "calm": len(calm_ratios),
         "rounds": rounds,
         "all_ratio": statistics.median(pair_ratios),
-        "call_us": statistics.median(call_costs) * 1e6,
+        "call_us": statistics.median(call_costs) * 1e6 if call_costs else math.nan,
         "cpu_ratio": process_cpu[True] / process_cpu[False],
-        "dropped": stats["dropped"],
+        "dropped": dropped,
         "own_us": own * 1e6,
     }
 
 
-def _own_seconds(mon: Monitor) -> float:
+def _own_seconds(mon: Monitor | None) -> float:
     """Time spent inside the per-layer sampler and the invariant checker so far (their own cost)."""
+    if mon is None:
+        return 0.0
     seconds = mon._layers.seconds_spent if mon._layers else 0.0
     if mon._invariants is not None:
         seconds += mon._invariants.checker.overhead()["seconds"]
@@ -280,15 +294,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the models train (default cpu; cuda: the GPU sizes, see above)")
+    parser.add_argument("--rounds", type=int, help=f"ABBA rounds a size and condition (default {ROUNDS}:"
+                        " a median good to about two points on this machine; more for a finer figure)")
+    parser.add_argument("--sizes", help="the sizes to run, by name: 1ms,10ms,20ms on the CPU,"
+                        " small,large with --device cuda (default all)")
     add_steal_option(parser)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    same_memory_for_every_arm()
+    flush_subnormals()
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda: no CUDA device (torch {torch.__version__})")
     sizes = CUDA_SIZES if device.type == "cuda" else SIZES
     torch.set_num_threads(args.threads)
-    scale = 1 / 3 if args.quick else 1.0
+    rounds = args.rounds or (max(2, ROUNDS // 3) if args.quick else ROUNDS)
+    if args.sizes:
+        wanted = args.sizes.split(",")
+        unknown = sorted(set(wanted) - {size.key for size in sizes})
+        if unknown:
+            parser.error(f"--sizes: no size {', '.join(unknown)} on {args.device}"
+                         f" (there: {', '.join(size.key for size in sizes)})")
+        sizes = tuple(size for size in sizes if size.key in wanted)
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}")
     print(
@@ -303,11 +328,15 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     started = time.monotonic()
-    ratios: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}  # per size, the watched conditions'
+    same: dict[str, float] = {}  # per size, the A/A's ratio
     for size in sizes:
         for condition in CONDITIONS:
-            r = measure(size, condition, scale, device, args.steal_limit)
-            ratios.setdefault(size.name, []).append(r["ratio"])
+            r = measure(size, condition, rounds, device, args.steal_limit)
+            if condition == A_A:
+                same[size.name] = r["ratio"]
+            else:
+                ratios.setdefault(size.name, []).append(r["ratio"])
             calm_rounds = f"{r['calm']}/{r['rounds']}"
             print(
                 f"{size.name:<14}{condition:<15}{r['without_ms']:>8.2f}ms{r['with_ms']:>8.2f}ms"
@@ -321,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         worst = max(ratios[size.name])
         verdict = ("a condition had no calm round" if any(math.isnan(r) for r in ratios[size.name])
                    else "ok" if worst <= size.target else "ABOVE TARGET")
-        print(f"worst ratio {size.name}: {worst:.3f} (target {size.target}) {verdict}")
+        print(f"worst ratio {size.name}: {worst:.3f} (target {size.target}) {verdict};"
+              f" {A_A}: {same[size.name]:.3f}")
     return 0
 
 

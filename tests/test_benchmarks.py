@@ -142,6 +142,34 @@ def test_this_machines_steal_reads_as_a_share() -> None:
     assert share is not None and 0.0 <= share <= 1.0
 
 
+#: A weight whose gradient went to zero after one step (a ReLU that died): Adam's first moment decays
+#: by 0.9 a step. Prints how many of its entries are subnormal after 1,000 steps, with and without
+#: the benchmarks' flush, in a process of its own (the flush is the thread's for good).
+ADAM_OF_A_DEAD_UNIT = """
+import sys, torch
+from blocks import flush_subnormals
+if sys.argv[1] == "flushed":
+    flush_subnormals()
+weight = torch.nn.Parameter(torch.ones(64))
+adam = torch.optim.Adam([weight])
+for step in range(1000):
+    weight.grad = torch.full_like(weight, 1e-3 if step == 0 else 0.0)
+    adam.step()
+moment = adam.state[weight]["exp_avg"]
+print(int(((moment != 0) & (moment.abs() < torch.finfo(moment.dtype).tiny)).sum()))
+"""
+
+
+@pytest.mark.parametrize(("arm", "subnormals"), [("as torch leaves it", 64), ("flushed", 0)])
+def test_a_dead_units_adam_moment_stays_subnormal_unless_the_benchmark_flushes_it(
+        arm: str, subnormals: int) -> None:
+    """Where it stays, x86 computes the step's updates in microcode: the ~10 ms MLP's step doubled as
+    it converged, and the arm that had trained longer read slower (docs/benchmarks.md)."""
+    result = subprocess.run([sys.executable, "-c", ADAM_OF_A_DEAD_UNIT, arm], cwd=ROOT / "benchmarks",
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert int(result.stdout) == subnormals
+
+
 def test_the_optimizer_hooks_benchmark_takes_the_monitors_hooks_off_and_puts_them_back() -> None:
     """`optimizer_hooks.py` on the small MLP, two rounds: the Monitor's hooks are found on the
     optimizer (one pre- and one post-hook, shared by its parts) and both arms are timed (a Monitor
