@@ -20,7 +20,7 @@ from helpers.recordings import of_type, read_messages, wait_until_recorded
 from helpers.waiting import wait_until
 
 from publisher.monitor import Monitor
-from publisher.readings.compute_time import ComputeTimer, HostMarks, marks_for
+from publisher.readings.compute_time import ComputeTimer, HostMarks, Marks, marks_for
 from publisher.wire.protocol import read_number
 from publisher.wire.validation import check_message
 
@@ -274,7 +274,8 @@ def test_every_step_is_published_with_the_loss_and_learning_rate_the_loop_had(tm
     assert [m["metrics"]["loss"] for m in metrics] == losses
     assert [[m["metrics"][name] for name in ("lr", "lr/1") if name in m["metrics"]] for m in metrics] == rates
     assert all("step_time" in m["metrics"] and "samples_per_s" in m["metrics"] for m in metrics[1:])
-    assert all("data_time" in m["metrics"] and "compute_time" in m["metrics"] for m in metrics[1:])
+    assert all("data_time" in m["metrics"] for m in metrics[1:])
+    assert any("compute_time" in m["metrics"] for m in metrics[1:])
     assert [m["step"] for m in metrics if "lr/1" in m["metrics"]] == list(range(300, 401))
 
 
@@ -437,6 +438,18 @@ def test_marks_that_cost_the_host_time_only_some_steps_and_still_report_their_ow
     assert len(figures) >= 2 and all(0.002 <= seconds < 0.05 for seconds in figures), figures
 
 
+def test_fast_steps_on_the_cpu_are_timed_every_50_ms_and_report_their_own_work() -> None:
+    """The callback that marks the end of a timed step's backward costs the CPU ~12 us: on 2 ms
+    steps about one in 25 is timed, and its figure is its own forward and backward, from the end of
+    the step before."""
+    started = time.perf_counter()
+    reported = train_timed(HostMarks(), forward_s=[0.002] * 100)
+    elapsed = time.perf_counter() - started
+    figures = [seconds for seconds in reported if seconds is not None]
+    assert 2 <= len(figures) <= elapsed / 0.05 + 1, (len(figures), elapsed)
+    assert all(0.002 <= seconds < 0.05 for seconds in figures), figures
+
+
 class BrokenDevice(DeviceQueue):
     """A device whose marks start failing after a few (a CUDA error, a captured stream)."""
 
@@ -463,7 +476,7 @@ def test_a_broken_mark_costs_the_compute_time_once_and_nothing_else() -> None:
     timer.close()
 
 
-def train_timed(device: DeviceQueue, forward_s: list[float]) -> list[float | None]:
+def train_timed(device: Marks, forward_s: list[float]) -> list[float | None]:
     """What a ComputeTimer on ``device`` reports for each of a training loop's steps."""
     timer = ComputeTimer(choose_marks=lambda params: device)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))

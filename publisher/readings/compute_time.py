@@ -39,10 +39,12 @@ broadcast, FSDP's all-gathers) counts as compute.
 
 A CUDA event costs the host about 13 us from Python (measured on an H200 host: creating and
 recording one), two a step: on a ~1.5 ms step that alone was a fifth of issue 23's budget for the
-whole Monitor. So on a CUDA device a step is timed at most every :data:`TIMED_EVERY_S` (the steps
-between report none): the relay sends each rank's latest figure twice a second, and a straggler is
-judged on the median of several, so 20 timed steps a second lose nothing. Host marks cost a clock
-read and time every step.
+whole Monitor. On the host a mark is a clock read, but the end-of-pass callback that takes it is a
+call queued on the autograd engine: 12 us a step on a ~1.35 ms CPU step on this project's 2-core
+machine (issue 23), most of a point. So a step is timed at most every :data:`TIMED_EVERY_S` on
+either clock (the steps between report none, and their hooks return at once): the relay sends
+each rank's latest figure twice a second, and a straggler is judged on the median of several, so
+20 timed steps a second lose nothing.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from torch.utils.hooks import RemovableHandle
 #: Steps whose device marks may wait to be reached. A host running further ahead of its device
 #: skips the steps beyond: the oldest are reached first, so some figures keep coming.
 PENDING_STEPS = 4
-#: Least seconds between two timed steps where a mark costs the host more than a clock read (CUDA).
+#: Least seconds between two timed steps.
 TIMED_EVERY_S = 0.05
 
 
@@ -70,7 +72,7 @@ class Marks(Protocol):
     #: Least seconds between two timed steps (0: every step).
     every_s: float
     #: Whether a mark is the host's ``time.perf_counter()``, so that a step's end, read on the host,
-    #: is the next step's start (every step is then timed).
+    #: is the next step's start.
     host_clock: bool
 
     def mark(self) -> Any:
@@ -83,7 +85,7 @@ class Marks(Protocol):
 class HostMarks:
     """The host clock, for work done on the CPU: every mark is reached when it is taken."""
 
-    every_s = 0.0
+    every_s = TIMED_EVERY_S
     host_clock = True
 
     def mark(self) -> float:
@@ -153,9 +155,10 @@ class ComputeTimer:
         self._choose_marks = choose_marks
         self._on_error = on_error
         self._marks: Marks | None = None
-        #: The marks' ``host_clock``, kept here: :meth:`take` reads it on every step, in place,
-        #: where each object touched costs (issue 23).
+        #: The marks' ``host_clock`` and ``every_s``, kept here: :meth:`take` reads them on every
+        #: step, in place, where each object touched costs (issue 23).
         self._host_clock = False
+        self._every_s = 0.0
         self._handles: dict[int, RemovableHandle] = {}
         #: Whether this backward pass has queued its end-of-pass callback yet.
         self._queued = False
@@ -177,7 +180,7 @@ class ComputeTimer:
         if marks is None:
             self.close()
             return
-        self._marks, self._host_clock = marks, marks.host_clock
+        self._marks, self._host_clock, self._every_s = marks, marks.host_clock, marks.every_s
         trained = [param for param in params if param.requires_grad]
         for param in trained[-1:] + trained[:1]:
             if id(param) not in self._handles:
@@ -231,13 +234,13 @@ class ComputeTimer:
         taken = self._open
         # A backward pass that raised never ran its callback: the next one queues its own.
         self._queued = False
-        if self._host_clock:
-            self._open = [at, None, 0.0, False]
-            return taken
-        if marks.every_s:
-            self._timing = at - self._timed_at >= marks.every_s
+        if self._every_s:
+            self._timing = at - self._timed_at >= self._every_s
             if self._timing:
                 self._timed_at = at
+        if self._host_clock:
+            self._open = [at if self._timing else None, None, 0.0, False]
+            return taken
         try:
             self._open = [marks.mark() if self._timing else None, None, 0.0, False]
         except Exception as exc:

@@ -32,6 +32,10 @@ from publisher.wire.protocol import read_number, wire_number
 
 #: Seconds between two summaries of a run (2 Hz).
 DEFAULT_PERIOD_S = 0.5
+#: Figures a rank measures on some steps only, which stay its latest until a newer one comes: a
+#: step's ``compute_time`` is timed at most every 50 ms (:mod:`publisher.readings.compute_time`), so
+#: on fast steps most metrics carry none, and a summary of the newest alone would mostly have none.
+SOME_STEPS = ("compute_time",)
 #: Per-rank figures each summary carries, aligned with its ``ranks`` (None where a rank has none).
 PER_RANK = ("step_time", "data_time", "compute_time", "loss")
 #: GPU readings each summary carries per device.
@@ -95,7 +99,11 @@ class NodeSummarizer:
             rank.watchdog_at = now
         elif msg_type == "metrics":
             numbers = ((name, read_number(value)) for name, value in message["metrics"].items())
-            rank.metrics = {name: number for name, number in numbers if number is not None}
+            latest = {name: number for name, number in numbers if number is not None}
+            for name in SOME_STEPS:
+                if name not in latest and name in rank.metrics:
+                    latest[name] = rank.metrics[name]
+            rank.metrics = latest
         elif msg_type == "gpu":
             rank.gpus = message["devices"]
         run.changed = True
