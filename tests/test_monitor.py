@@ -439,9 +439,9 @@ def test_marks_that_cost_the_host_time_only_some_steps_and_still_report_their_ow
 
 
 def test_fast_steps_on_the_cpu_are_timed_every_50_ms_and_report_their_own_work() -> None:
-    """The callback that marks the end of a timed step's backward costs the CPU ~12 us: on 2 ms
-    steps about one in 25 is timed, and its figure is its own forward and backward, from the end of
-    the step before."""
+    """The callback that marks the end of a timed step's backward is a call from the autograd
+    engine into Python: on 2 ms steps about one in 25 is timed, and its figure is its own forward
+    and backward, from the end of the step before."""
     started = time.perf_counter()
     reported = train_timed(HostMarks(), forward_s=[0.002] * 100)
     elapsed = time.perf_counter() - started

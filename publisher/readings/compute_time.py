@@ -40,11 +40,11 @@ broadcast, FSDP's all-gathers) counts as compute.
 A CUDA event costs the host about 13 us from Python (measured on an H200 host: creating and
 recording one), two a step: on a ~1.5 ms step that alone was a fifth of issue 23's budget for the
 whole Monitor. On the host a mark is a clock read, but the end-of-pass callback that takes it is a
-call queued on the autograd engine: 12 us a step on a ~1.35 ms CPU step on this project's 2-core
-machine (issue 23), most of a point. So a step is timed at most every :data:`TIMED_EVERY_S` on
-either clock (the steps between report none, and their hooks return at once): the relay sends
-each rank's latest figure twice a second, and a straggler is judged on the median of several, so
-20 timed steps a second lose nothing.
+call queued on the autograd engine, from Python and back: 1.8 us a backward on warm caches on this
+project's 2-core machine, more inside a real step (not resolved there: issue 23). So a step is
+timed at most every :data:`TIMED_EVERY_S` on either clock (the steps between report none, and their
+hooks return at once): the relay sends each rank's latest figure twice a second, and a straggler
+is judged on the median of several, so 20 timed steps a second lose nothing.
 """
 
 from __future__ import annotations
