@@ -155,7 +155,7 @@ def test_the_grad_norm_keeps_within_its_cost_budget(tmp_path: Path) -> None:
     task = Regression(seed=5)
     record = tmp_path / "budget.jsonl"
     with Monitor(
-        task.model, task.optimizer, run="budget", record=record, gpu="none", grad_norm_budget=0.001
+        task.model, task.optimizer, run="budget", record=record, gpu="none", grad_norm_budget=0.01
     ) as mon:
         reference = task.train(mon, steps=20)
         wait_until_recorded(record, step=20)  # the step worker has handled (and timed) them
@@ -165,7 +165,9 @@ def test_the_grad_norm_keeps_within_its_cost_budget(tmp_path: Path) -> None:
     assert all(value == pytest.approx(reference[i], rel=1e-4) for i, value in measured)
     assert [i for i, _ in measured if i < 3] == [0, 1, 2], "the first steps are all measured"
     later = [i for i, _ in measured if i >= 20]
-    assert 3 <= len(later) <= 100, "0.1 % of a sub-millisecond step: only every few steps"
+    # 1 % of this ~0.3 ms step spaces the norm ~5-7 steps apart here; the bounds leave 10x either way
+    # (at 0.1 % the gaps grew to ~60 steps and a loaded CI host saw only 2 norms in 200 steps)
+    assert 3 <= len(later) <= 100, "1 % of a sub-millisecond step: only every few steps"
     assert all("loss" in m for m in metrics), "the loss is never skipped"
 
 
