@@ -1,6 +1,6 @@
 """Where the Monitor's cost per training step goes, on three model shapes, measured in one run.
 
-    python benchmarks/cost_split.py [--quick | --rounds N] [--models mlp,deep,gpt2]
+    python benchmarks/cost_split.py [--quick | --rounds N] [--models mlp,deep,gpt2,wide]
 
 ``benchmarks/overhead.py`` says how much a Monitor costs; this says where. Per model a bare loop
 and a monitored one (a default Monitor: detectors, invariants, per-layer samples, hang watchdog,
@@ -37,9 +37,10 @@ monitored step it splits the cost into:
 
 Models: ``mlp``, the ~1 ms two-hidden-layer MLP of overhead.py; ``deep``, 48 layers of 64 units
 (many small parameter tensors: what grows with the number of tensors shows here); ``gpt2``, the
-tiny GPT-2 of the tests (``tests/helpers/tiny_lm.py``). Each trains as a healthy run does, on
-batches it can learn (``learnable.py``), so that no detector has anything to report: a run that
-does not learn costs its Monitor more (open episodes, events, confirmations of suspicions).
+tiny GPT-2 of the tests (``tests/helpers/tiny_lm.py``); ``wide``, overhead.py's ~10 ms MLP. Each
+trains as a healthy run does, on batches it can learn (``learnable.py``), so that no detector has
+anything to report: a run that does not learn costs its Monitor more (open episodes, events,
+confirmations of suspicions).
 Printed as a table, each ratio with the middle half of its rounds' ratios (``q1-q3``: the band to
 read on a shared machine); the README's table ("What monitoring costs") comes from it.
 """
@@ -78,7 +79,7 @@ from blocks import (  # noqa: E402
     pair_ratio,
 )
 from learnable import learnable_batches  # noqa: E402
-from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS, viewer, wait_ready  # noqa: E402
+from overhead import SIZES, TORCH_CROSS_ENTROPY, WARM_UP_STEPS, ModelSize, viewer, wait_ready  # noqa: E402
 
 from publisher.monitor import Monitor  # noqa: E402
 from publisher.readings.cpu_wait import schedstat  # noqa: E402
@@ -102,6 +103,10 @@ class Loop:
     optimizer: torch.optim.Optimizer
     step: Callable[[], torch.Tensor]
     phase_ns: list[int]
+
+
+#: Makes a model's loop, given the cross-entropy it calls (torch's own for the bare arm).
+Build = Callable[[Callable[..., torch.Tensor]], Loop]
 
 
 def _loop(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -128,14 +133,14 @@ def _loop(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
     return Loop(name, model, optimizer, step, phase_ns)
 
 
-def _mlp_loop(name: str, layers: Callable[[], list[nn.Module]], d_in: int, classes: int,
+def _mlp_loop(name: str, layers: Callable[[], list[nn.Module]], d_in: int, classes: int, batch: int,
               cross_entropy: Callable[..., torch.Tensor]) -> Loop:
     """An MLP of ``layers()`` (made after seeding, so that both arms train the same model) with
-    Adam, over 64 batches of 64 it can learn (:mod:`learnable`)."""
+    Adam, over 64 batches of ``batch`` it can learn (:mod:`learnable`)."""
     torch.manual_seed(0)
     model = nn.Sequential(*layers())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    batches = itertools.cycle(learnable_batches(64, 64, d_in, classes))
+    batches = itertools.cycle(learnable_batches(64, batch, d_in, classes))
 
     def forward() -> torch.Tensor:
         inputs, labels = next(batches)
@@ -144,11 +149,26 @@ def _mlp_loop(name: str, layers: Callable[[], list[nn.Module]], d_in: int, class
     return _loop(name, model, optimizer, forward)
 
 
-def mlp(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
-    def layers() -> list[nn.Module]:
-        return [nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)]
+def _overhead_mlp(size: ModelSize) -> Build:
+    """The MLP of one of overhead.py's step sizes, so that both benchmarks time the same model."""
+    d_in, hidden, classes = size.dims
 
-    return _mlp_loop("MLP, 2 hidden", layers, 128, 10, cross_entropy=cross_entropy)
+    def build(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
+        def layers() -> list[nn.Module]:
+            return [nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                    nn.Linear(hidden, classes)]
+
+        return _mlp_loop(f"MLP, {size.name}", layers, d_in, classes, size.batch, cross_entropy)
+
+    return build
+
+
+#: overhead.py's ~1 ms MLP, two hidden layers.
+mlp = _overhead_mlp(SIZES[0])
+#: overhead.py's ~10 ms MLP (issue 23's <= 1.02x target): there a 2 % ratio is within the noise
+#: of alternating blocks on a shared machine, where the extra microseconds a step, part by part,
+#: are not.
+wide = _overhead_mlp(SIZES[1])
 
 
 def deep(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
@@ -163,7 +183,7 @@ def deep(cross_entropy: Callable[..., torch.Tensor]) -> Loop:
                 nn.init.zeros_(layer.bias)
         return [*stack, nn.Linear(64, 10)]
 
-    return _mlp_loop("48 x 64 units", layers, 64, 10, cross_entropy=cross_entropy)
+    return _mlp_loop("48 x 64 units", layers, 64, 10, 64, cross_entropy)
 
 
 def gpt2(_: Callable[..., torch.Tensor]) -> Loop:
@@ -186,7 +206,7 @@ def gpt2(_: Callable[..., torch.Tensor]) -> Loop:
     return _loop("tiny GPT-2", model, optimizer, forward)
 
 
-MODELS: dict[str, Build] = {"mlp": mlp, "deep": deep, "gpt2": gpt2}
+MODELS: dict[str, Build] = {"mlp": mlp, "deep": deep, "gpt2": gpt2, "wide": wide}
 #: Rounds of two ~1 s blocks per model: ~30 s each, 4 with ``--quick``.
 ROUNDS = 12
 QUICK_ROUNDS = 4
@@ -212,8 +232,6 @@ def process_cpu_ns(pid: int) -> int:
                 total += schedstat(f"/proc/{pid}/task/{task}/schedstat")[0]
     return total
 
-
-Build = Callable[[Callable[..., torch.Tensor]], Loop]
 
 
 def measure(build: Build, rounds: int, block_s: float,
