@@ -128,7 +128,6 @@ def middle_half(ratios: Sequence[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-
 def block_steps(step: Callable[[], object], seconds: float = BLOCK_S, probe: int = 20, least: int = 5) -> int:
     """Steps in a block of about ``seconds``, from the mean time of ``probe`` calls of ``step``
     (one training step of the plain arm; they warm it up too)."""

@@ -26,6 +26,7 @@ from publisher.wire.transport import Publisher
 from tuimon.errors import UserError
 from tuimon.relay.addresses import ingest_address
 from tuimon.relay.forwarder import Relay
+from tuimon.relay.summary import KEEP_S, NodeSummarizer
 
 
 class Viewer:
@@ -397,6 +398,26 @@ def two_node_job(
 
 def first_event(viewer: Viewer, kind: str) -> dict[str, Any] | None:
     return next((m for m in viewer.of("event") if m["kind"] == kind), None)
+
+
+def test_a_compute_time_stays_a_ranks_latest_between_timed_steps_but_not_for_good() -> None:
+    """A fast rank times one step in many: its node's summaries carry its latest compute time
+    between two timed steps, and once no newer one comes for ``KEEP_S`` (its timer failed), none,
+    rather than a stale figure the root would judge it on."""
+    summarizer = NodeSummarizer("nodeA")
+
+    def step(number: int, now: float, **timed: float) -> float | None:
+        metrics = {"loss": 1.0, "step_time": 0.01, **timed}
+        summarizer.observe(make_message("metrics", run="job", rank=0, host="nodeA", ts=now, seq=number,
+                                        step=number, metrics=metrics), now)
+        [(_, _, body)] = summarizer.summaries(now)
+        return body["per_rank"]["compute_time"][0]
+
+    assert step(1, 0.0, compute_time=0.004) == pytest.approx(0.004)
+    assert step(2, 0.5) == pytest.approx(0.004), "kept between timed steps"
+    assert step(3, KEEP_S) == pytest.approx(0.004)
+    assert step(4, KEEP_S + 0.5) is None, "not for good"
+    assert step(5, KEEP_S + 0.6, compute_time=0.005) == pytest.approx(0.005)
 
 
 def test_the_root_names_a_data_and_a_compute_straggler_then_a_hung_rank_by_rank_and_host(

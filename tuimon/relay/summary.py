@@ -36,6 +36,9 @@ DEFAULT_PERIOD_S = 0.5
 #: step's ``compute_time`` is timed at most every 50 ms (:mod:`publisher.readings.compute_time`), so
 #: on fast steps most metrics carry none, and a summary of the newest alone would mostly have none.
 SOME_STEPS = ("compute_time",)
+#: Seconds a figure of :data:`SOME_STEPS` stays a rank's latest without a newer one (40 of its
+#: periods): one whose measuring stopped (a failed timer ends it) is not judged on a stale figure.
+KEEP_S = 2.0
 #: Per-rank figures each summary carries, aligned with its ``ranks`` (None where a rank has none).
 PER_RANK = ("step_time", "data_time", "compute_time", "loss")
 #: GPU readings each summary carries per device.
@@ -56,6 +59,8 @@ class _RankLatest:
     #: and when it came; ``stalled_s`` is reset to 0 when a newer step's metrics come.
     watchdog: dict[str, Any] = field(default_factory=dict)
     watchdog_at: float = 0.0
+    #: When each of its :data:`SOME_STEPS` figures came.
+    measured_at: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,7 +106,9 @@ class NodeSummarizer:
             numbers = ((name, read_number(value)) for name, value in message["metrics"].items())
             latest = {name: number for name, number in numbers if number is not None}
             for name in SOME_STEPS:
-                if name not in latest and name in rank.metrics:
+                if name in latest:
+                    rank.measured_at[name] = now
+                elif name in rank.metrics and now - rank.measured_at[name] <= KEEP_S:
                     latest[name] = rank.metrics[name]
             rank.metrics = latest
         elif msg_type == "gpu":
