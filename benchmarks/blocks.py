@@ -63,6 +63,16 @@ def flush_subnormals() -> None:
     torch.set_flush_denormal(True)
 
 
+def chosen(parser: argparse.ArgumentParser, option: str, given: str, known: Sequence[str]) -> list[str]:
+    """The names a comma-separated ``option`` gave (spaces allowed), each one of ``known``; an
+    argparse error naming the others and the choices, not a KeyError halfway through a run."""
+    names = [name.strip() for name in given.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"{option}: no {', '.join(unknown)}; choose from {', '.join(known)}")
+    return names
+
+
 def add_block_option(parser: argparse.ArgumentParser) -> None:
     """``--block-s``, the seconds a block lasts (a benchmark's runs are that much shorter)."""
     parser.add_argument("--block-s", type=float, default=BLOCK_S,

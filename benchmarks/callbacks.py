@@ -65,6 +65,7 @@ from blocks import (
     add_steal_option,
     arms,
     calm,
+    chosen,
     flush_subnormals,
     middle_half,
     pair_ratio,
@@ -361,10 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print the ratio over bands of steps from the start (its cost fading)")
     add_steal_option(parser)
     args = parser.parse_args(argv)
-    chosen = [name.strip() for name in args.frameworks.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(FRAMEWORKS))
-    if unknown:
-        parser.error(f"unknown framework(s) {', '.join(unknown)}; choose from {', '.join(FRAMEWORKS)}")
+    frameworks = chosen(parser, "--frameworks", args.frameworks, list(FRAMEWORKS))
     if args.steps < args.warmup + 10 or args.repeats < 1:
         parser.error("--steps must be at least --warmup + 10, --repeats at least 1")
     if os.environ.get(AUTOSTART_ENV) == "1":
@@ -383,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as runtime, quiet_frameworks():
         os.environ["TUIMON_RUNTIME_DIR"] = runtime  # the runs' registry entries, not the user's
-        for framework in chosen:
+        for framework in frameworks:
             absent = missing(framework)
             if absent:
                 print(f"{framework:<11}skipped: {', '.join(absent)} not installed", flush=True)

@@ -74,6 +74,7 @@ from blocks import (  # noqa: E402
     arms,
     block_steps,
     calm,
+    chosen,
     flush_subnormals,
     middle_half,
     pair_ratio,
@@ -319,10 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     add_block_option(parser)
     add_steal_option(parser)
     args = parser.parse_args(argv)
-    chosen = [name.strip() for name in args.models.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in MODELS]
-    if unknown:
-        parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
+    models = chosen(parser, "--models", args.models, list(MODELS))
     torch.set_num_threads(1)
     flush_subnormals()
     print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
@@ -337,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
               + f"{'rounds q1-q3':>14}{'calm':>7}" + "".join(f"{name:>10}" for name in columns[3:]))
     print(header)
     print("-" * len(header))
-    for name in chosen:
+    for name in models:
         title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds, args.block_s,
                            args.steal_limit)
         middle = f"{r['q1']:.3f}-{r['q3']:.3f}"

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from blocks import add_block_option, arms, block_steps
+from blocks import add_block_option, arms, block_steps, chosen
 from cost_split import MODELS, Loop
 from overhead import WARM_UP_STEPS
 
@@ -107,7 +107,7 @@ def main() -> None:
           f"step, with the Monitor's step hooks on and off (median over {args.rounds} rounds of blocks)")
     print(f"{'model':<18}{'hooks':>6}{'opt, on':>11}{'opt, off':>11}{'hooks cost':>12}{'step() on':>11}"
           f"{'step() off':>12}")
-    for name in args.models.split(","):
+    for name in chosen(parser, "--models", args.models, list(MODELS)):
         loop = MODELS[name](torch.nn.functional.cross_entropy)
         row = measure(loop, args.rounds, args.block_s)
         cost = row["on_opt_us"] - row["off_opt_us"]

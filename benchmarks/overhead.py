@@ -48,6 +48,7 @@ from blocks import (
     arms,
     block_steps,
     calm,
+    chosen,
     flush_subnormals,
     middle_half,
     pair_ratio,
@@ -308,11 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (max(2, ROUNDS // 3) if args.quick else ROUNDS)
     if args.sizes:
-        wanted = args.sizes.split(",")
-        unknown = sorted(set(wanted) - {size.key for size in sizes})
-        if unknown:
-            parser.error(f"--sizes: no size {', '.join(unknown)} on {args.device}"
-                         f" (there: {', '.join(size.key for size in sizes)})")
+        wanted = chosen(parser, f"--sizes (on {args.device})", args.sizes, [size.key for size in sizes])
         sizes = tuple(size for size in sizes if size.key in wanted)
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}")

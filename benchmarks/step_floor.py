@@ -37,6 +37,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from blocks import chosen  # noqa: E402
 from cost_split import MODELS, Loop  # noqa: E402
 from overhead import WARM_UP_STEPS  # noqa: E402
 
@@ -90,10 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args(argv)
-    models = [name.strip() for name in args.models.split(",") if name.strip()]
-    unknown = [name for name in models if name not in MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    models = chosen(parser, "--models", args.models, list(MODELS))
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s); medians of {args.rounds} x {args.steps} "
           "calls an arm, in us")

@@ -32,9 +32,10 @@ from publisher.wire.protocol import read_number, wire_number
 
 #: Seconds between two summaries of a run (2 Hz).
 DEFAULT_PERIOD_S = 0.5
-#: Figures a rank measures on some steps only, which stay its latest until a newer one comes: a
-#: step's ``compute_time`` is timed at most every 50 ms (:mod:`publisher.readings.compute_time`), so
-#: on fast steps most metrics carry none, and a summary of the newest alone would mostly have none.
+#: Figures a rank measures on some steps only, which stay its latest until a newer one comes (for up
+#: to :data:`KEEP_S`): a step's ``compute_time`` is timed at most every 50 ms
+#: (:mod:`publisher.readings.compute_time`), so on fast steps most metrics carry none, and a summary
+#: of the newest alone would mostly have none.
 SOME_STEPS = ("compute_time",)
 #: Seconds a figure of :data:`SOME_STEPS` stays a rank's latest without a newer one (40 of its
 #: periods): one whose measuring stopped (a failed timer ends it) is not judged on a stale figure.
