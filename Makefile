@@ -64,6 +64,7 @@ shared-tests: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/small_gpt.py
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/ingest.py --rates 10000,50000 --traffic hostile
 	$(BIN)/python benchmarks/flood.py

@@ -58,8 +58,9 @@ def flush_subnormals() -> None:
     from 11 to 24 ms (the >= 20 ms one: 1.1M, 30 to 55 ms). The onset is a matter of steps trained,
     so the arm that had trained more (the plain one: it times the block length first) ran slower,
     and two identical plain models read 0.89-0.95 in an A/A. Flushed, the step stays at 9-12 ms.
-    GPUs handle subnormals at full speed, so this is also nearer what a GPU run costs. Per thread:
-    the arms train on the calling thread (one torch thread)."""
+    GPUs handle subnormals at full speed, so this is also nearer what a GPU run costs. The setting
+    is a thread's own: call this before the first parallel torch operation, so that torch's pool
+    threads, made then, start with it (checked at two threads: both halves of a product flushed)."""
     torch.set_flush_denormal(True)
 
 
@@ -71,6 +72,32 @@ def chosen(parser: argparse.ArgumentParser, option: str, given: str, known: Sequ
     if unknown:
         parser.error(f"{option}: no {', '.join(unknown)}; choose from {', '.join(known)}")
     return names
+
+
+#: torch's own intra-op thread count in this process, taken before any script sets one: the
+#: machine's cores unless ``OMP_NUM_THREADS`` says otherwise, what a user's training runs at.
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, the torch thread counts a benchmark measures at, in turn."""
+    parser.add_argument("--threads", default="default,1",
+                        help=f"torch intra-op thread counts to measure at, in turn, comma-separated: a "
+                             f"number, or 'default' for torch's own ({DEFAULT_THREADS} here: what a user's "
+                             "training runs at; a thread of the Monitor's that ran torch's pool in parallel "
+                             "cost nothing at 1) (default: default,1)")
+
+
+def thread_counts(parser: argparse.ArgumentParser, given: str) -> list[int]:
+    """The counts ``--threads`` names, each once, in its order; an argparse error for a bad one."""
+    counts: list[int] = []
+    for name in (name.strip() for name in given.split(",") if name.strip()):
+        if name != "default" and not (name.isdigit() and int(name) > 0):
+            parser.error(f"--threads: {name!r} is neither a positive number nor 'default'")
+        count = DEFAULT_THREADS if name == "default" else int(name)
+        if count not in counts:
+            counts.append(count)
+    return counts
 
 
 def add_block_option(parser: argparse.ArgumentParser) -> None:

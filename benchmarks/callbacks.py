@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import itertools
 import logging
 import os
 import statistics
@@ -63,12 +64,14 @@ from blocks import (
     STEAL_LIMIT,
     Steal,
     add_steal_option,
+    add_threads_option,
     arms,
     calm,
     chosen,
     flush_subnormals,
     middle_half,
     pair_ratio,
+    thread_counts,
 )
 from helpers import tiny_lm  # the tests' model and data (tests/helpers/tiny_lm.py)
 from helpers.tiny_lm import LmRows
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=150,
                         help="steps at the start of each run left out of the ratio, their extra time "
                              "printed apart (default 150)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    add_threads_option(parser)
     parser.add_argument("--phases", action="store_true",
                         help="also print the ratio over bands of steps from the start (its cost fading)")
     add_steal_option(parser)
@@ -367,8 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least --warmup + 10, --repeats at least 1")
     if os.environ.get(AUTOSTART_ENV) == "1":
         parser.error("under `tuimon run` the callbacks stand aside: run this benchmark directly")
+    counts = thread_counts(parser, args.threads)
     flush_subnormals()
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs; tiny GPT-2 {SIZE}.")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; tiny GPT-2 {SIZE}.")
     print(f"{args.steps} steps a run, the first {args.warmup} left out; {args.repeats} ABBA pairs a"
           " framework. Step times are runs' means; ratio is the median over calm pairs (the host took at"
           f" most {args.steal_limit:g} of the CPU time during either run) of (with / without), calm their"
@@ -376,17 +380,19 @@ def main(argv: list[str] | None = None) -> int:
     columns = {"without": 10, "with": 10, "ratio": 8, "calm": 7, "spread": 15, "cpu": 8, "first": 10,
                "start+end": 12}
     header = f"{'framework':<11}" + "".join(f"{name:>{width}}" for name, width in columns.items())
-    print(header)
-    print("-" * len(header))
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as runtime, quiet_frameworks():
         os.environ["TUIMON_RUNTIME_DIR"] = runtime  # the runs' registry entries, not the user's
-        for framework in frameworks:
+        for threads, framework in itertools.product(counts, frameworks):
+            if framework == frameworks[0]:
+                print(f"at {threads} torch thread(s)")
+                print(header)
+                print("-" * len(header))
             absent = missing(framework)
             if absent:
                 print(f"{framework:<11}skipped: {', '.join(absent)} not installed", flush=True)
                 continue
-            r = measure(framework, args.steps, args.repeats, args.warmup, args.threads, args.steal_limit)
+            r = measure(framework, args.steps, args.repeats, args.warmup, threads, args.steal_limit)
             calm_pairs = f"{r['calm']}/{args.repeats}"
             print(f"{framework:<11}{r['without_ms']:>8.2f}ms{r['with_ms']:>8.2f}ms{r['ratio']:>8.3f}{calm_pairs:>7}"
                   f"{r['low']:>8.3f}-{r['high']:.3f}{r['cpu']:>8.3f}{r['early_ms']:>+8.0f}ms"

@@ -71,6 +71,7 @@ from blocks import (  # noqa: E402
     Steal,
     add_block_option,
     add_steal_option,
+    add_threads_option,
     arms,
     block_steps,
     calm,
@@ -78,6 +79,7 @@ from blocks import (  # noqa: E402
     flush_subnormals,
     middle_half,
     pair_ratio,
+    thread_counts,
 )
 from learnable import learnable_batches  # noqa: E402
 from overhead import SIZES, TORCH_CROSS_ENTROPY, WARM_UP_STEPS, ModelSize, viewer, wait_ready  # noqa: E402
@@ -319,11 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     add_block_option(parser)
     add_steal_option(parser)
+    add_threads_option(parser)
     args = parser.parse_args(argv)
     models = chosen(parser, "--models", args.models, list(MODELS))
-    torch.set_num_threads(1)
+    counts = thread_counts(parser, args.threads)
     flush_subnormals()
-    print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; per monitored step: the median "
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; per monitored step: the median "
           "step() call, means for the rest (step times, parts of the step, threads); a live viewer "
           f"subscribed; one sleep-and-wake of a thread costs {wake_cpu_us():.0f} us of CPU here. ratio: the "
           "median of the calm rounds' ratios (the host took at most "
@@ -333,19 +336,27 @@ def main(argv: list[str] | None = None) -> int:
                "watchdog")
     header = (f"{'model':<15}" + "".join(f"{name:>9}" for name in columns[:3])
               + f"{'rounds q1-q3':>14}{'calm':>7}" + "".join(f"{name:>10}" for name in columns[3:]))
-    print(header)
-    print("-" * len(header))
-    for name in models:
-        title, r = measure(MODELS[name], QUICK_ROUNDS if args.quick else args.rounds, args.block_s,
-                           args.steal_limit)
-        middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
-        calm_rounds = f"{r['calm']}/{r['rounds']}"
-        print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}{calm_rounds:>7}"
-              + "".join(f"{r[key]:>8.1f}us" for key in (
-                  "call_us", *(f"{name}_us" for name in PHASES), "waits_us", "worker_us", "link_us",
-                  "process_us", "gpu_us", "watchdog_us")),
-              flush=True)
+    for threads in counts:
+        torch.set_num_threads(threads)
+        print(f"at {threads} torch thread(s)")
+        print(header)
+        print("-" * len(header))
+        for name in models:
+            measure_model(name, args)
     return 0
+
+
+def measure_model(name: str, args: argparse.Namespace) -> None:
+    """One model's row at the current thread count."""
+    rounds = QUICK_ROUNDS if args.quick else args.rounds
+    title, r = measure(MODELS[name], rounds, args.block_s, args.steal_limit)
+    middle = f"{r['q1']:.3f}-{r['q3']:.3f}"
+    calm_rounds = f"{r['calm']}/{r['rounds']}"
+    print(f"{title:<15}{r['bare_ms']:>7.2f}ms{r['with_ms']:>7.2f}ms{r['ratio']:>9.3f}{middle:>14}{calm_rounds:>7}"
+          + "".join(f"{r[key]:>8.1f}us" for key in (
+              "call_us", *(f"{phase}_us" for phase in PHASES), "waits_us", "worker_us", "link_us",
+              "process_us", "gpu_us", "watchdog_us")),
+          flush=True)
 
 
 if __name__ == "__main__":

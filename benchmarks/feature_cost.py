@@ -40,10 +40,12 @@ from blocks import (
     Steal,
     add_block_option,
     add_steal_option,
+    add_threads_option,
     block_steps,
     calm,
     flush_subnormals,
     middle_half,
+    thread_counts,
 )
 from cost_split import MODELS, Loop
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS
@@ -121,13 +123,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="mlp", choices=list(MODELS), help="the model (default mlp)")
     add_block_option(parser)
     add_steal_option(parser)
+    add_threads_option(parser)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
     flush_subnormals()
+    for threads in thread_counts(parser, args.threads):
+        torch.set_num_threads(threads)
+        measure_at_threads(args, threads)
+    return 0
+
+
+def measure_at_threads(args: argparse.Namespace, threads: int) -> None:
+    """Every arm's row at ``threads`` torch threads."""
     ratios, steals = measure(args.model, args.rounds, args.block_s)
     kept = {arm: calm(ratios[arm], steals[arm], args.steal_limit) for arm in ratios}
-    print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, model {args.model}, {args.rounds} "
-          "rounds; ratio: the median over calm rounds (the host took at most "
+    print(f"torch {torch.__version__}, {threads} thread(s), {os.cpu_count()} CPUs, model {args.model}, "
+          f"{args.rounds} rounds; ratio: the median over calm rounds (the host took at most "
           f"{args.steal_limit:g} of the CPU time in both blocks) of the arm's mean step time over the bare "
           "arm's, q1-q3 its middle half; cost: all's ratio less the arm's, in points of the bare step; "
           "all rounds: the median over every round")
@@ -141,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         q1, middle, q3 = middle_half(values)
         cost = "" if arm in ("all", "bare again") else f"{(full - middle) * 100:+.1f}"
         print(f"{arm:<14}{middle:>8.3f}{f'{q1:.3f}-{q3:.3f}':>15}{cost:>8}{share:>8}{every}")
-    return 0
 
 
 if __name__ == "__main__":

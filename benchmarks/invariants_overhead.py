@@ -13,10 +13,12 @@ steady state (sampled checks every ``check_every`` steps), not its first, denser
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
 import torch
+from blocks import add_threads_option, thread_counts
 from torch import nn
 
 from publisher.invariants import InvariantChecker
@@ -79,11 +81,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=15, help="alternating blocks per variant")
     parser.add_argument("--steps", type=int, default=0, help="steps per block (default: ~0.5 s worth)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_threads_option(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.trials} alternating trials")
-    for name, (widths, batch) in SIZES.items():
+    counts = thread_counts(parser, args.threads)
+    for threads, (name, (widths, batch)) in itertools.product(counts, SIZES.items()):
+        torch.set_num_threads(threads)
+        if name == next(iter(SIZES)):
+            print(f"torch {torch.__version__}, {threads} thread(s), {args.trials} alternating trials")
         steps = args.steps
         if not steps:
             probe = build(widths)

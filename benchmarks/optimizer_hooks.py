@@ -21,6 +21,7 @@ calls in each arm.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -33,7 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from blocks import add_block_option, arms, block_steps, chosen
+from blocks import add_block_option, add_threads_option, arms, block_steps, chosen, thread_counts
 from cost_split import MODELS, Loop
 from overhead import WARM_UP_STEPS
 
@@ -101,13 +102,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"ABBA rounds a model (default {ROUNDS})")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     add_block_option(parser)
+    add_threads_option(parser)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread; the training thread's CPU time in optimizer.step() per "
-          f"step, with the Monitor's step hooks on and off (median over {args.rounds} rounds of blocks)")
-    print(f"{'model':<18}{'hooks':>6}{'opt, on':>11}{'opt, off':>11}{'hooks cost':>12}{'step() on':>11}"
-          f"{'step() off':>12}")
-    for name in chosen(parser, "--models", args.models, list(MODELS)):
+    models = chosen(parser, "--models", args.models, list(MODELS))
+    for threads, name in itertools.product(thread_counts(parser, args.threads), models):
+        torch.set_num_threads(threads)
+        if name == models[0]:
+            print(f"torch {torch.__version__}, {threads} thread(s); the training thread's CPU time in "
+                  f"optimizer.step() per step, with the Monitor's step hooks on and off (median over "
+                  f"{args.rounds} rounds of blocks)")
+            print(f"{'model':<18}{'hooks':>6}{'opt, on':>11}{'opt, off':>11}{'hooks cost':>12}"
+                  f"{'step() on':>11}{'step() off':>12}")
         loop = MODELS[name](torch.nn.functional.cross_entropy)
         row = measure(loop, args.rounds, args.block_s)
         cost = row["on_opt_us"] - row["off_opt_us"]

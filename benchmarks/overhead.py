@@ -1,6 +1,6 @@
 """What the Monitor costs a training loop: step time with and without it, measured in the same run.
 
-    python benchmarks/overhead.py [--quick] [--rounds N] [--sizes 1ms,10ms,20ms] [--threads N]
+    python benchmarks/overhead.py [--quick] [--rounds N] [--sizes 1ms,10ms,20ms] [--threads default,1]
                                   [--device cpu|cuda]
 
 Three step sizes (~1 ms, ~10 ms and >= 20 ms) and four conditions (no viewer, a live viewer, a
@@ -45,6 +45,7 @@ from blocks import (
     STEAL_LIMIT,
     Steal,
     add_steal_option,
+    add_threads_option,
     arms,
     block_steps,
     calm,
@@ -52,6 +53,7 @@ from blocks import (
     flush_subnormals,
     middle_half,
     pair_ratio,
+    thread_counts,
 )
 from learnable import learnable_batches
 
@@ -292,7 +294,7 @@ def _own_seconds(mon: Monitor | None) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a third of the rounds (~4 min, not ~10)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    add_threads_option(parser)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the models train (default cpu; cuda: the GPU sizes, see above)")
     parser.add_argument("--rounds", type=int, help=f"ABBA rounds a size and condition (default {ROUNDS}:"
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda: no CUDA device (torch {torch.__version__})")
     sizes = CUDA_SIZES if device.type == "cuda" else SIZES
-    torch.set_num_threads(args.threads)
+    counts = thread_counts(parser, args.threads)
     rounds = args.rounds or (max(2, ROUNDS // 3) if args.quick else ROUNDS)
     if args.sizes:
         wanted = chosen(parser, f"--sizes (on {args.device})", args.sizes, [size.key for size in sizes])
@@ -314,13 +316,23 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}")
     print(
-        f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs. Step times are means;"
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs. Step times are means;"
         " ratio is the median over calm rounds (the host took at most"
         f" {args.steal_limit:g} of the CPU time in either block) of (with / without) in adjacent ~1 s blocks"
         " (robust to drift); all: the median over every round."
     )
     columns = {"without": 10, "with": 10, "ratio": 8, "calm": 7, "all": 8, "cpu": 8, "step()": 10,
                "dropped": 9, "hooks": 10}
+    for threads in counts:
+        torch.set_num_threads(threads)
+        print(f"at {threads} torch thread(s)")
+        measure_sizes(sizes, columns, rounds, device, args.steal_limit)
+    return 0
+
+
+def measure_sizes(sizes: tuple[ModelSize, ...], columns: dict[str, int], rounds: int, device: torch.device,
+                  steal_limit: float) -> None:
+    """Every condition at every size, at the current thread count: one row each, then the verdicts."""
     header = f"{'model':<14}{'condition':<15}" + "".join(f"{name:>{w}}" for name, w in columns.items())
     print(header)
     print("-" * len(header))
@@ -329,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     same: dict[str, float] = {}  # per size, the A/A's ratio
     for size in sizes:
         for condition in CONDITIONS:
-            r = measure(size, condition, rounds, device, args.steal_limit)
+            r = measure(size, condition, rounds, device, steal_limit)
             if condition == A_A:
                 same[size.name] = r["ratio"]
             else:
@@ -349,7 +361,6 @@ def main(argv: list[str] | None = None) -> int:
                    else "ok" if worst <= size.target else "ABOVE TARGET")
         print(f"worst ratio {size.name}: {worst:.3f} (target {size.target}) {verdict};"
               f" {A_A}: {same[size.name]:.3f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ work is) and ``step()/warm`` (how much more the same work costs with its caches 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -37,7 +38,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from blocks import chosen  # noqa: E402
+from blocks import add_threads_option, chosen, thread_counts  # noqa: E402
 from cost_split import MODELS, Loop  # noqa: E402
 from overhead import WARM_UP_STEPS  # noqa: E402
 
@@ -89,15 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000, help="calls of each arm a round (default 1000)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    add_threads_option(parser)
     args = parser.parse_args(argv)
     models = chosen(parser, "--models", args.models, list(MODELS))
-    torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s); medians of {args.rounds} x {args.steps} "
-          "calls an arm, in us")
-    print(f"{'model':<8}{'step()':>9}{'+ extras':>10}{'append':>9}{'+ item':>9}{'warm':>9}"
-          f"{'step()/append':>15}{'step()/warm':>13}")
-    for name in models:
+    for threads, name in itertools.product(thread_counts(parser, args.threads), models):
+        torch.set_num_threads(threads)
+        if name == models[0]:
+            print(f"torch {torch.__version__}, {threads} thread(s); medians of {args.rounds} x {args.steps} "
+                  "calls an arm, in us")
+            print(f"{'model':<8}{'step()':>9}{'+ extras':>10}{'append':>9}{'+ item':>9}{'warm':>9}"
+                  f"{'step()/append':>15}{'step()/warm':>13}")
         loop = MODELS[name](torch.nn.functional.cross_entropy)
         with tempfile.TemporaryDirectory() as runtime:
             os.environ["TUIMON_RUNTIME_DIR"] = runtime

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from publisher.threads.daemon import daemon_thread
+
 log = logging.getLogger(__name__)
 
 #: The fields of one device in a ``gpu`` message, in protocol order.
@@ -381,7 +383,7 @@ class GpuSampler:
         self.samples = 0
         self._on_sample = on_sample
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tuimon-gpu-sampler", daemon=True)
+        self._thread = daemon_thread(self._run, "tuimon-gpu-sampler")
 
     def start(self) -> GpuSampler:
         self._thread.start()

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from publisher.threads.daemon import daemon_thread
 from publisher.wire.transport import HANDOFF_S
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class StepWorker(Generic[Item]):
         self.append_unchecked = self._pending.append
         self._stopping = threading.Event()
         self._failed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = daemon_thread(self._run, name)
         self._thread.start()
 
     def submit(self, item: Item) -> None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from publisher.readings.timing import StepTimer
+from publisher.threads.daemon import daemon_thread
 from publisher.threads.stacks import Stack, capture
 from publisher.threads.thread_usage import ThreadUsage, Usage, native_id
 from publisher.wire import stall as stalls
@@ -158,7 +159,7 @@ class HangWatchdog:
     def start(self, listener: StallListener | None = None) -> HangWatchdog:
         """Start watching; ``listener`` is told each verdict past the threshold and each resume."""
         self._listener = listener
-        self._thread = threading.Thread(target=self._run, name="tuimon-watchdog", daemon=True)
+        self._thread = daemon_thread(self._run, "tuimon-watchdog")
         self._thread.start()
         return self
 
