@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
+from numbers import Real
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -51,7 +52,7 @@ from publisher.readings.step import StepReadings, group_rates, host_numbers, lr_
 from publisher.readings.timing import StepTimer
 from publisher.stats.grad_norm import BudgetedGradNorm, GradNorms
 from publisher.stats.sampler import StatsConfig
-from publisher.telemetry_errors import TelemetryErrors
+from publisher.telemetry_errors import Part, TelemetryErrors
 from publisher.wire.protocol import RUN_END_STATUSES
 from publisher.wire.run_end import end_status, end_status_at_exit
 from publisher.wire.validation import MAX_METRICS, MAX_NAME_CHARS
@@ -143,6 +144,14 @@ class Monitor:
         memory = MemoryReader(memory_interval_s, self._params.device)  # read by the step worker
         self._timer = StepTimer()
         self._errors = TelemetryErrors()
+        #: The parts of a full step that fail alone (:meth:`_part`); the loss is never switched off.
+        self._loss_part = self._errors.part("loss", can_stop=False)
+        self._lr_part = self._errors.part("learning rate")
+        self._guard_part = self._errors.part("non-finite check")
+        self._invariants_part = self._errors.part("invariants")
+        self._planning = self._errors.part("quiet-step planning")
+        #: The caller's extras whose part was switched off (each failed on every step).
+        self._extras_off: set[str] = set()
         self._compute = ComputeTimer(on_error=self._errors.failed)
         self._compute.watch(self._params.params)
         self._grad_norm = BudgetedGradNorm(grad_norm_budget, self._timer.clock)
@@ -193,8 +202,6 @@ class Monitor:
         self._watchdog = self._parts.watchdog
         self._queue_quiet = self._parts.worker.append_unchecked
         self._batch: Any = None  # the latest batch, by reference (a repro bundle holds it)
-        #: The step's loss before ``step()`` is called, where a caller knows it (``tuimon run``).
-        self.loss_source: Callable[[], float | None] = lambda: None
         self._guard = self._nonfinite_guard(guard_settings, model)
         atexit.register(self._close_at_exit)
 
@@ -205,8 +212,9 @@ class Monitor:
             return None
         guard = NonFiniteGuard(settings, measure=self._measure_grads, current_step=lambda: self._step,
                                tracker=self._reporter.detectors.tracker,
-                               batch=lambda: self._batch, loss=lambda: self.loss_source(),
-                               on_error=self._telemetry_failed, roots=self._model_roots)
+                               batch=lambda: self._batch,
+                               on_error=self._telemetry_failed, roots=self._model_roots,
+                               step_seconds=lambda: self._timer.clock.seconds)
         for optimizer in self._params.optimizers:
             guard.watch(optimizer)
         if model is not None:
@@ -277,8 +285,12 @@ class Monitor:
                 numbers = host_numbers(extra, _QUIET_EXTRAS_ROOM - len(groups)) if extra else None
                 if (not calls.clips_without_gradients and (type(lr) is float or (len(groups) > 1 and lr))
                         and (not isinstance(loss, torch.Tensor) or loss.is_cpu) and (numbers or not extra)):
-                    value = (loss.item() if isinstance(loss, torch.Tensor)
-                             else None if loss is None else float(loss))
+                    value = loss.item() if isinstance(loss, torch.Tensor) else loss
+                    if value is not None and type(value) is not float:  # a NumPy or integer loss
+                        value = float(value) if isinstance(value, Real) and type(value) is not bool else None
+                        if value is None:  # no real number (complex, a string): the full path says so
+                            self._record_step(loss, tokens, samples, data_time, step, extra)
+                            return
                     now = time.perf_counter()
                     self._quiet -= 1
                     self._step = step = self._step + 1 if step is None else int(step)
@@ -352,7 +364,9 @@ class Monitor:
         extra: dict[str, Any],
     ) -> None:
         """The training thread's half of a step: read what cannot wait, queue the rest raw for the
-        step worker (:mod:`publisher.completion`)."""
+        step worker (:mod:`publisher.completion`). The step, its time and its loss are read first;
+        every other part fails alone (:mod:`publisher.telemetry_errors`), named in the step's
+        ``failed``, and the step is queued whatever they do."""
         now = time.perf_counter()
         if self._quiet:
             self._unplan_quiet()
@@ -365,7 +379,13 @@ class Monitor:
         timer.last_at = now
         readings.tokens, readings.samples = tokens, samples
         readings.data_time = timer.data_time(data_time)
+        self._loss_on_device = isinstance(loss, torch.Tensor) and not loss.is_cpu
+        if loss is not None:
+            self._read_loss(loss, readings)
         layers = self._layers
+        if layers is not None and not layers.part.on:  # switched off (it failed on every step)
+            self._drop_layers()
+            layers = None
         sampling = layers is not None and layers.sampling
         if self._batches:
             readings.batches, self._batches = tuple(self._batches), []
@@ -374,34 +394,67 @@ class Monitor:
             readings.metrics["clip_noop_calls"] = float(calls.take_clips_without_gradients())
         if calls.waiting:  # looks taken, perhaps still on their way to the host
             readings.looks = tuple(calls.take_looks())
-        self._loss_on_device = isinstance(loss, torch.Tensor) and not loss.is_cpu
-        if loss is not None:
-            if isinstance(loss, torch.Tensor):
-                if loss.numel() != 1:
-                    shape = tuple(loss.shape)
-                    raise ValueError(f"the loss must be one number, got a tensor of shape {shape}")
-                if self._offer_graph is not None:
-                    self._offer_graph(loss)
-            readings.add("loss", loss)
         grads = None if "grad_norm" in extra else self._read_grad_norm(sampling, readings)
         guard = self._guard
         if guard is not None and guard.skipped:
             readings.metrics["nonfinite_skipped"] = float(guard.skipped)
-        self._read_lr(readings)
+        self._part(self._lr_part, readings, self._read_lr, readings)
         readings.compute = self._compute.take(now)  # a broken mark is counted there
         if extra:
             self._read_extras(extra, readings)
         self._send(readings, grads, sampling)
+        # The step is on its way; what follows prepares the next ones, each part alone.
         if layers is not None:
-            layers.advance(timer.clock.seconds)
+            self._part(layers.part, None, layers.advance, timer.clock.seconds)
         # A gradient norm measured for this step (not a sample's) is charged this path too where
         # it took the place of a quiet step.
         self._grad_norm.settle(time.perf_counter() - now if ends_quiet_run else 0.0)
         if guard is not None:
-            guard.next_step(0 if layers is not None and layers.sampling else self._grad_norm.idle_steps)
+            due_in = 0 if layers is not None and layers.sampling else self._grad_norm.idle_steps
+            self._part(self._guard_part, None, guard.next_step, due_in)
         if self._sync_invariants is not None:
-            self._sync_invariants(step)
-        self._plan_quiet()
+            self._part(self._invariants_part, None, self._sync_invariants, step)
+        self._part(self._planning, None, self._plan_quiet)
+
+    def _drop_layers(self) -> None:
+        """The per-layer sampler is switched off: its probes go, no step is sampled any more."""
+        layers, self._layers = self._layers, None
+        self._parts.completion.layers = self._parts.layers = None
+        if layers is not None:
+            try:
+                layers.close()
+            except Exception as exc:
+                self._telemetry_failed("per-layer sample", exc)
+
+    def _part(self, part: Part, readings: StepReadings | None, action: Callable[..., object],
+              *args: Any) -> None:
+        """Run one part of the step alone: a failure costs that part only, and is named in the
+        step's ``failed`` where the step is still being read."""
+        if not part.on:
+            return
+        try:
+            action(*args)
+        except Exception as exc:
+            part.failed(exc, self._step)
+            if readings is not None:
+                readings.failed.append(part.name)
+
+    def _read_loss(self, loss: torch.Tensor | float, readings: StepReadings) -> None:
+        """The loss, read first (a NaN in it is named whatever fails after): one number, a tensor
+        of one element (any dtype, with or without a graph) or a Python or NumPy number. One that
+        cannot be read is a failed part (``loss``) and the step goes out without it."""
+        try:
+            if isinstance(loss, torch.Tensor):
+                if loss.numel() != 1:
+                    raise ValueError(f"the loss must be one number, not of shape {tuple(loss.shape)}")
+                if loss.is_complex():
+                    raise TypeError("the loss is a complex number")
+                if self._offer_graph is not None:
+                    self._part(self._invariants_part, readings, self._offer_graph, loss)
+            readings.add("loss", loss)
+        except Exception as exc:
+            self._loss_part.failed(exc, readings.step)
+            readings.failed.append(self._loss_part.name)
 
     def _read_grad_norm(self, sampling: bool, readings: StepReadings) -> GradNorms | None:
         """The gradient norms on a sampled step, else as often as ``grad_norm_budget`` allows
@@ -416,7 +469,8 @@ class Monitor:
                 grads = (self._grad_norm.now(self._params.current()) if sampling
                          else self._grad_norm.due(self._params.current, readings.previous_at))
         except Exception as exc:  # a broken measurement costs itself, not the step's metrics
-            self._telemetry_failed("gradient norm", exc)
+            self._errors.failed("gradient norm", exc, readings.step)
+            readings.failed.append("gradient norm")
             return None
         if grads is not None:
             readings.add("grad_norm", grads.total)
@@ -441,6 +495,8 @@ class Monitor:
         names, costs itself only."""
         room = MAX_METRICS - len(readings.metrics) - len(readings.waiting) - _SAMPLE_TOTALS
         for name, value in extra.items():
+            if name in self._extras_off:  # it failed on every step: switched off
+                continue
             try:
                 if len(name) > MAX_NAME_CHARS or room <= 0:
                     raise ValueError(f"over {MAX_METRICS} metrics, or a name over {MAX_NAME_CHARS} chars")
@@ -448,8 +504,12 @@ class Monitor:
                 if isinstance(value, torch.Tensor) and value.numel() != 1:
                     raise ValueError(f"a tensor of shape {tuple(value.shape)} is not one number")
                 readings.add(name, value)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                self._telemetry_failed(f"metric {name!r}", exc)
+            except Exception as exc:
+                part = self._errors.part(f"metric {name!r}")
+                part.failed(exc, readings.step)
+                readings.failed.append(part.name)
+                if not part.on:
+                    self._extras_off.add(name)
 
     def _send(self, readings: StepReadings, grads: GradNorms | None, sampling: bool) -> None:
         """Queue the step for the step worker: at once when every number is on the host, else once
@@ -463,14 +523,20 @@ class Monitor:
                 parts, readings.layout = self._layers.collect(grads)
                 arrays += parts
             except Exception as exc:
-                self._telemetry_failed("per-layer sample", exc)
+                self._layers.part.failed(exc, readings.step)
+                readings.failed.append(self._layers.part.name)
         waiting = readings.waiting
         # Arrays live where the parameters do: the first one tells.
         if waiting or self._fetch.pending or (arrays and not arrays[0].is_cpu):
-            self._fetch.submit([t for _, t in waiting] + arrays, partial(self._arrived, readings))
-        else:
-            readings.values = arrays
-            self._parts.worker.submit(readings)
+            try:
+                self._fetch.submit([t for _, t in waiting] + arrays, partial(self._arrived, readings))
+                return
+            except Exception as exc:  # the step goes out with what is on the host
+                self._errors.failed("device copy", exc, readings.step)
+                readings.failed.append("device copy")
+                readings.waiting, readings.grads, readings.layout, arrays = [], None, None, []
+        readings.values = arrays
+        self._parts.worker.submit(readings)
 
     def _arrived(self, readings: StepReadings, values: list[torch.Tensor]) -> None:
         """A step's device numbers are on the host (a later step, or close()): queue the step."""

@@ -62,6 +62,8 @@ class FinishedStep:
     arrays: list[torch.Tensor]
     batches: tuple[BatchPrint, ...]
     looks: tuple[LossLook, ...] = ()
+    #: The parts that failed on this step (:mod:`publisher.telemetry_errors`), by name.
+    failed: tuple[str, ...] = ()
 
 
 class Reporter:
@@ -91,7 +93,9 @@ class Reporter:
         self._max_layers = max_layers
         self._current_step = current_step
         self._replay: dict[str, Any] = {}
-        self.detectors = DetectorSet(detectors, self._emit_event, rank=rank)
+        self._sample = errors.part("per-layer sample")
+        self._publishing = errors.part("publishing metrics")
+        self.detectors = DetectorSet(detectors, self._emit_event, rank=rank, errors=errors)
 
     def announce(self, run: str, rank: int, world_size: int, model: torch.nn.Module | None,
                  config: Mapping[str, Any] | None, seed: int | None) -> None:
@@ -123,33 +127,52 @@ class Reporter:
             self._errors.failed(f"publishing {msg_type}", exc)
 
     def publish_step(self, finished: FinishedStep) -> None:
-        """Publish a step's metrics and sample, then show them to the detectors (worker thread)."""
-        layout = finished.layout
-        try:
-            sample = layout.decode(finished.grad_norms, finished.arrays) if layout is not None else None
-        except Exception as exc:
-            self._errors.failed(f"metrics of step {finished.step}", exc)
-            return
-        self.publish_metrics(finished.step, finished.metrics, finished.batches, sample, finished.looks)
+        """Publish a step's metrics and sample, then show them to the detectors (worker thread).
+        A sample that cannot be read costs the sample only."""
+        layout, failed, sample = finished.layout, finished.failed, None
+        if layout is not None and self._sample.on:
+            try:
+                sample = layout.decode(finished.grad_norms, finished.arrays)
+            except Exception as exc:
+                self._sample.failed(exc, finished.step)
+                failed += (self._sample.name,)
+        self.publish_metrics(finished.step, finished.metrics, finished.batches, sample, finished.looks,
+                             failed)
 
     def publish_metrics(self, step: int, metrics: dict[str, float], batches: tuple[BatchPrint, ...],
-                        sample: LayerSample | None, looks: tuple[LossLook, ...]) -> None:
-        """Publish a step's metrics (with its per-layer sample, if any), then show them to the
-        detectors (worker thread; a quiet step's come here straight from its tuple)."""
-        try:
-            if sample is not None:
+                        sample: LayerSample | None, looks: tuple[LossLook, ...],
+                        failed: tuple[str, ...] = ()) -> None:
+        """Publish a step's metrics (with its per-layer sample, if any, and the parts that failed on
+        it), then show them to the detectors (worker thread; a quiet step's come here straight from
+        its tuple). Each part costs only itself: a sample whose totals or payload cannot be made is
+        left out, the metrics go out whatever the detectors do."""
+        layers = None
+        if sample is not None:
+            try:
                 metrics.update(sample.totals())
+                layers = sample.payload(self._max_layers)
+            except Exception as exc:
+                self._sample.failed(exc, step)
+                failed += (self._sample.name,)
+                sample = None
+        try:
             # One C-level sum tells whether any number is NaN or infinite (the rare case that needs
             # the wire form, which costs a copy).
             wire = metrics if math.isfinite(sum(metrics.values())) else wire_numbers(metrics)
-            if sample is None:
+            if layers is None and not failed:  # most steps
                 self.publisher.publish("metrics", step=step, metrics=wire)
             else:
-                layers = sample.payload(self._max_layers)
-                self.publisher.publish("metrics", step=step, metrics=wire, layers=layers)
-            self.detectors.observe_step(step, metrics, sample, batches, looks)
+                extra: dict[str, Any] = {"failed": list(failed)} if failed else {}
+                if layers is not None:
+                    extra["layers"] = layers
+                self.publisher.publish("metrics", step=step, metrics=wire, **extra)
         except Exception as exc:
-            self._errors.failed(f"metrics of step {step}", exc)
+            self._publishing.failed(exc, step)
+        self.detectors.observe_step(step, metrics, sample, batches, looks)
+
+    def tell_failure(self, severity: str, message: str, step: int | None, details: dict[str, Any]) -> None:
+        """A part of the Monitor failed (:mod:`publisher.telemetry_errors`): a ``telemetry_error`` event."""
+        self.event("telemetry_error", message, severity, step, details)
 
     def publish_gpu(self, devices: list[dict[str, Any]]) -> None:
         """Sampler thread: publish the reading, then let the GPU detectors look at it."""

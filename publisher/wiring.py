@@ -110,15 +110,15 @@ class MonitorParts:
         )
         if isinstance(self.publisher, SidecarPublisher) and there:
             self.reporter.detectors.context.on_update = self.publisher.share_context
-        self._errors = errors
-        self.completion = StepCompletion(timer, compute, memory, lambda: self.watchdog.thread_id)
+        self.completion = StepCompletion(timer, compute, memory, lambda: self.watchdog.thread_id, errors)
         self.worker: StepWorker[StepReadings | QuietStep] = StepWorker(self._finish_step,
                                                                        self.publisher.count_drop)
         self.reporter.announce(run, rank, world_size, params.model, config, seed)
+        errors.report_to(self.reporter.tell_failure)  # after run_start: a viewer knows the run
         watched = params.model is not None or bool(params.optimizers)
         self.layers: LayerSampler | None = None
         if stats is not None and watched:
-            self.layers = LayerSampler(stats, params.model, params.optimizers, params.current)
+            self.layers = LayerSampler(stats, params.model, params.optimizers, params.current, errors)
             self.completion.layers = self.layers
         self.invariants: InvariantLink | None = None
         if invariants is not None and watched:
@@ -137,23 +137,14 @@ class MonitorParts:
         self.watchdog.start(self.stalls)
 
     def _finish_step(self, item: StepReadings | QuietStep) -> None:
-        """Step worker thread: complete a step the training thread queued, then publish it."""
+        """Step worker thread: complete a step the training thread queued, then publish it (each
+        part of completing it fails alone: the step goes out)."""
         if type(item) is tuple:  # a quiet step (most of them)
-            try:
-                metrics = self.completion.complete_quiet(item)
-                looks = self.completion.read_looks(item[10])
-            except Exception as exc:
-                self._errors.failed(f"metrics of step {item[0]}", exc)
-                return
-            self.reporter.publish_metrics(item[0], metrics, item[9], None, looks)
+            metrics, looks, failed = self.completion.complete_quiet(item)
+            self.reporter.publish_metrics(item[0], metrics, item[9], None, looks, failed)
             return
         assert isinstance(item, StepReadings)
-        try:
-            finished = self.completion.complete(item)
-        except Exception as exc:
-            self._errors.failed(f"metrics of step {item.step}", exc)
-            return
-        self.reporter.publish_step(finished)
+        self.reporter.publish_step(self.completion.complete(item))
 
     def closers(self, status: str, error: str | None) -> list[Callable[[], None]]:
         """What closing does, in order: stop the hang watchdog (closing is no stall), settle the

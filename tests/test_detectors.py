@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 import time
@@ -29,6 +28,7 @@ from publisher.detectors.published import ON_PUBLISHED_METRICS, split_defaults
 from publisher.detectors.schedule import LrVanished
 from publisher.detectors.speed import DataBottleneck, MemoryGrowth, StepTimeOutlier, ThroughputDrop
 from publisher.stats.layer_sample import ACTIVATION_FIELDS, LayerSample, ModuleStat, ParamStat
+from publisher.telemetry_errors import OFF_AFTER
 from publisher.threads.gpu import SimulatedSource
 from publisher.wire.event_kinds import EVENT_KINDS
 
@@ -124,18 +124,25 @@ def test_flush_sends_held_back_counts() -> None:
     assert len(events) == 2, "nothing new to say"
 
 
-def test_a_broken_detector_is_disabled_and_the_others_keep_working(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_broken_detector_costs_its_own_observations_is_told_once_and_switched_off() -> None:
     class Broken(Detector):
+        calls = 0
+
         def observe_step(self, step: int, metrics: Any) -> Iterable[Finding]:
+            Broken.calls += 1
             raise ZeroDivisionError("bug in a detector")
 
     events, emit = collector()
     detectors = DetectorSet([Broken(), NonFiniteLoss()], emit)
-    with caplog.at_level(logging.ERROR):
-        for step in range(1, 4):
-            detectors.observe_step(step, {"loss": math.nan})
-    assert [b["kind"] for _, b in events] == ["nonfinite_loss"]
-    assert sum("Broken" in r.getMessage() for r in caplog.records) == 1
+    for step in range(1, OFF_AFTER + 11):
+        detectors.observe_step(step, {"loss": math.nan})
+    told = [(b["kind"], b["severity"], step) for step, b in events if b["kind"] != "nonfinite_loss"]
+    assert told == [("telemetry_error", "info", 1), ("telemetry_error", "warning", OFF_AFTER)]
+    assert Broken.calls == OFF_AFTER, "switched off: not called again"
+    assert [b["kind"] for _, b in events].count("nonfinite_loss") == 1  # the others went on
+    first = next(b for _, b in events if b["kind"] == "telemetry_error")
+    assert first["details"]["part"] == "detector Broken"
+    assert first["details"]["error"] == "ZeroDivisionError: bug in a detector"
 
 
 def test_default_detectors_emit_only_canonical_kinds_and_attribute_rank() -> None:

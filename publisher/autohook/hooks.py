@@ -112,7 +112,6 @@ class _Session:
             on_nonfinite=os.environ.get(ENV_ON_NONFINITE) or "report",
             repro_weights=os.environ.get(ENV_REPRO_WEIGHTS) == "1",
         )
-        monitor.loss_source = self.pending_loss
         if self.batches:  # the batch of this first step, seen before the Monitor existed
             monitor.hold_batch(self.batches[-1][1])
         self.primary = optimizer
@@ -153,18 +152,10 @@ class _Session:
         except Exception as exc:  # never break the user's training because of telemetry
             self.stop(exc)
 
-    def pending_loss(self) -> float | None:
-        """The step's loss before the update (a repro bundle's): read only on a non-finite step."""
-        loss = self._peek_loss()
-        return None if loss is None else float(loss)
-
-    def _peek_loss(self) -> Any:
+    def _take_loss(self) -> Any:
         from publisher.readings.step import step_loss
 
-        return step_loss(list(self.losses))
-
-    def _take_loss(self) -> Any:
-        loss = self._peek_loss()
+        loss = step_loss(list(self.losses))
         self.losses.clear()
         return loss
 
@@ -194,20 +185,13 @@ def _instrument(torch_module: ModuleType) -> None:
     register_optimizer_step_post_hook(after_step)
     from publisher.patches import torch_calls
 
-    torch_calls.install()
+    def saw_loss(loss: torch.Tensor) -> None:
+        _session.losses.append(loss.detach())
+        monitor = _session.monitor
+        if monitor is not None and loss.grad_fn is not None:
+            monitor.offer_graph(loss)
 
-    original_backward = torch_module.Tensor.backward
-
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if self.numel() == 1:
-            _session.losses.append(self.detach())
-            monitor = _session.monitor
-            if monitor is not None and self.grad_fn is not None:
-                monitor.offer_graph(self)
-        return original_backward(self, *args, **kwargs)
-
-    backward.__doc__ = original_backward.__doc__
-    torch_module.Tensor.backward = backward
+    torch_calls.on_backward(saw_loss)  # installs the watched calls too
 
     from publisher.readings.batches import batch_size
 

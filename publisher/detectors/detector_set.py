@@ -5,26 +5,28 @@ metrics, a sampled per-layer statistic, or one GPU sample) and returns
 :class:`~publisher.detectors.base.Finding` s: "this looks wrong now, here are the numbers". It keeps
 whatever history it needs. :class:`DetectorSet` runs detectors, hands their findings to an
 :class:`~publisher.detectors.episodes.EpisodeTracker` (one event per episode), and never lets one
-that breaks stop the others or the training. It imports no torch: the publisher's process runs
-one too (:mod:`publisher.detectors.published`).
+that breaks stop the others or the training: a detector that raises loses that observation only,
+its failure is a part's failure (:mod:`publisher.telemetry_errors`: told once as a
+``telemetry_error`` event, the detector switched off once it has failed often enough). It imports
+no torch: the publisher's process runs one too (:mod:`publisher.detectors.published`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from publisher.detectors.base import Detector, Devices, Finding, Metrics, TrainingContext, overrides
 from publisher.detectors.episodes import EmitEvent, EpisodeTracker
+from publisher.telemetry_errors import TelemetryErrors
+from publisher.wire.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     from publisher.patches.loss_look import LossLook
     from publisher.readings.batches import BatchPrint
     from publisher.stats.layer_sample import LayerSample
 
-log = logging.getLogger(__name__)
 #: The hooks a detector may read a step with, in the order they run.
 _STEP_HOOKS = ("observe_step", "observe_layers", "observe_batches", "observe_loss_calls")
 
@@ -32,8 +34,10 @@ _STEP_HOOKS = ("observe_step", "observe_layers", "observe_batches", "observe_los
 class DetectorSet:
     """Runs detectors on observations and feeds their findings to an :class:`EpisodeTracker`.
 
-    A detector that raises is logged once and then skipped for good: a broken check must cost
-    neither the training nor the other checks.
+    A detector that raises loses that observation, and is told to ``errors`` (the Monitor's, or
+    one of the set's own whose events it emits itself); once its part is switched off there
+    (:data:`~publisher.telemetry_errors.OFF_AFTER` failures) it is skipped for good: a broken check
+    must cost neither the training nor the other checks.
 
     Synchronous: the Monitor calls :meth:`observe_step` from its step worker's thread
     (:mod:`publisher.threads.step_worker`), in batches, not from the training thread (measured on a CPU,
@@ -52,8 +56,14 @@ class DetectorSet:
         min_update_s: float = 2.0,
         context: TrainingContext | None = None,
         id_prefix: str = "",
+        errors: TelemetryErrors | None = None,
     ) -> None:
         self.tracker = EpisodeTracker(emit, rank=rank, min_update_s=min_update_s, id_prefix=id_prefix)
+        self._emit = emit
+        if errors is None:
+            errors = TelemetryErrors()
+            errors.report_to(self._tell_failure)
+        self._errors = errors
         self.detectors = list(detectors)
         #: What the detectors know about the training (the Monitor updates it); shared by all.
         self.context = context or TrainingContext()
@@ -98,8 +108,8 @@ class DetectorSet:
                     continue  # a layer, batch or loss-call detector ages its episodes on its own observations
                 if findings or id(detector) in open_episodes:  # else nothing to record: the usual case
                     tracker.observe(detector, step, findings, detector.quiet_to_close)
-            except Exception:
-                self._disable(detector)
+            except Exception as exc:
+                self._failed(detector, exc, step)
 
     def observe_gpu(self, step: int | None, devices: Devices, *, simulated: bool = False) -> None:
         """``simulated``: the readings are not real; events say so, in words and in details."""
@@ -110,11 +120,22 @@ class DetectorSet:
                 if simulated and findings:
                     findings = [_mark_simulated(finding) for finding in findings]
                 observe(detector, step, findings, detector.quiet_to_close)
-            except Exception:
-                self._disable(detector)
+            except Exception as exc:
+                self._failed(detector, exc, step)
+
+    def _failed(self, detector: Detector, exc: Exception, step: int | None) -> None:
+        """A detector raised: told as its part's failure; skipped from now on once switched off."""
+        part = self._errors.part(f"detector {type(detector).__name__}")
+        part.failed(exc, step)
+        if not part.on:
+            self._disable(detector)
+
+    def _tell_failure(self, severity: str, message: str, step: int | None, details: dict[str, Any]) -> None:
+        """A detector's failure as a ``telemetry_error`` event, where the set has no reporter."""
+        self._emit(step, {"id": self.tracker.new_id(), "severity": severity, "kind": "telemetry_error",
+                          "message": message, "details": json_safe(details), "count": 1})
 
     def _disable(self, detector: Detector) -> None:
-        log.exception("tuimon: detector %s failed and is disabled for this run", type(detector).__name__)
         # New lists, not in-place removal: the caller is iterating over the old one.
         self._step_detectors = [entry for entry in self._step_detectors if entry[0] is not detector]
         self._every_step = self._those_reading_every_step()

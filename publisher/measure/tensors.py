@@ -66,3 +66,17 @@ def sample_stride(numel: int, limit: int) -> int:
 def is_checkable(param: torch.Tensor) -> bool:
     """Floating (or complex) and non-empty: the tensors whose values the checks compare."""
     return (param.is_floating_point() or param.is_complex()) and param.numel() > 0
+
+
+#: The tensor types whose values a measurement reads: subclasses are left alone (``FakeTensor``
+#: and ``FunctionalTensor`` while ``torch.compile`` traces, ``DTensor`` shards, users' own).
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def readable(tensor: torch.Tensor) -> bool:
+    """Whether a measurement can read ``tensor``'s values: a plain dense tensor of real numbers on a
+    device that holds values. Sparse, nested, meta and complex tensors and tensor subclasses (a
+    traced model's fake tensors) are said to be unmeasured rather than fail a measurement; an
+    empty one is readable (its statistics are NaN)."""
+    return (type(tensor) in _PLAIN_TYPES and tensor.layout is torch.strided and not tensor.is_nested
+            and not tensor.is_complex() and tensor.device.type != "meta")

@@ -2,16 +2,27 @@
 
 An optimizer step pre-hook looks at the step's gradient norms before ``optimizer.step()`` moves
 anything. They are the Monitor's own gradient norm, measured here instead of after the step
-(same gradients, same number, one fused ``_foreach_norm``), so a healthy step pays nothing more:
-on the steps its budget allows with ``on_nonfinite="report"``, on every step with ``"skip"`` or
-``"stop"`` (the user asked for the step to be acted on). On a CPU the total is a host number; on
-a GPU reading it waits for the device, so with ``"report"`` it is not read there (the existing
-detectors report the step, one fetch later, without an origin), and with ``"skip"`` or
-``"stop"`` one sync per step is the price, as ``torch.amp.GradScaler`` pays it for its
-``found_inf``. On a CPU step whose norm the budget skips, nothing is checked: a NaN
-born there is seen at the next norm, and the re-run then says that the weights were already
-non-finite rather than blame a module (``grad_norm_budget=1.0``, or ``skip``/``stop``, check
-every step).
+(same gradients, same number, one fused ``_foreach_norm``), so a healthy step pays nothing more.
+What is checked when:
+
+- On the CPU, with the default ``on_nonfinite="report"``: every step's loss. Each one-number
+  tensor backpropagated is told to the guard by the ``Tensor.backward`` watch of
+  :mod:`publisher.patches.torch_calls` before its backward runs, on the host already; a loss that
+  is not finite, or :data:`LOSS_JUMP` times its recent level (a diverging run: the loss of the
+  step whose gradients overflow may still be finite), has that step's gradients measured before
+  its update whatever the gradient norm's budget; the other steps have them measured as the budget
+  allows. To re-run the step that went wrong, its model calls must have been kept (a forward hook
+  on the model's root): on every step where a step takes :data:`EVERY_STEP_FROM_S` or more (the
+  hook sends each forward down torch's slow call path, ~15 µs here), on faster steps on those whose
+  norm is due and the short gaps between them (:data:`ARMED_GAP`); a poisoned fast step between
+  them is still caught before its update, and its event says its calls were not kept.
+- On a GPU with ``"report"``: nothing before the update. Reading a loss or a norm there waits for
+  the device; the step's loss and gradient norm reach the host with its other numbers one fetch
+  later, and the detectors report the step then (``nonfinite_loss``, ``nonfinite_grad``), without
+  an origin.
+- With ``"skip"`` or ``"stop"`` (the user asked for the step to be acted on): the gradient norm of
+  every step, on a GPU at the price of one sync per step, as ``torch.amp.GradScaler`` pays it for
+  its ``found_inf``.
 
 On the first non-finite step of an episode the step is re-run (:mod:`publisher.nonfinite.origin`)
 and a repro bundle written (:mod:`publisher.nonfinite.bundle`), then one ``nonfinite_origin``
@@ -41,8 +52,9 @@ from publisher.detectors.base import Finding
 from publisher.detectors.episodes import EpisodeTracker
 from publisher.measure.step_hooks import StepHooks, hooks_on
 from publisher.nonfinite import bundle
-from publisher.nonfinite.capture import StepCapture
+from publisher.nonfinite.capture import CALLS_KEPT, StepCapture
 from publisher.nonfinite.origin import find_origin
+from publisher.patches import torch_calls
 from publisher.stats.grad_norm import GradNorms
 from publisher.wire.repro_bundle import POLICIES
 
@@ -50,11 +62,32 @@ from publisher.wire.repro_bundle import POLICIES
 #: hundred steps under ``skip`` is told once it is seen a few times.
 MAX_ANALYSES = 3
 KIND = "nonfinite_origin"
-#: Unchecked steps (``report``) the model's hook stays on through, between two checked ones (else
-#: it is off from the first to the last, put back by the update before a checked step). Kept on,
-#: it costs each such forward ~8 us on a ~1 ms CPU MLP step (torch's slow call path, the call
-#: kept, then dropped); taken off and put back, ~5-15 us for the two changes.
+#: Unchecked steps (``report``) the model's hook stays on through, between two checked ones on
+#: steps faster than :data:`EVERY_STEP_FROM_S` (else it is off from the first to the last, put back
+#: by the update before a checked step). Kept on, it costs each such forward ~8 us on a ~1 ms CPU
+#: MLP step (torch's slow call path, the call kept, then dropped); taken off and put back, ~5-15 us
+#: for the two changes.
 ARMED_GAP = 2
+#: Steps this long or longer (the typical step, ``StepClock``) keep the model's calls on every step
+#: under ``report`` on the CPU: the hook's ~15 µs (a ~1 ms MLP's forward, hooked and bare,
+#: alternating: 200 against 186 µs) is then at most 1 % of the step, the share the other budgeted
+#: measurements take together.
+EVERY_STEP_FROM_S = 0.0015
+_CALLS_NOT_KEPT = ("it was caught before its update, but its model calls were not kept (on steps under "
+                   f"{EVERY_STEP_FROM_S * 1e3:g} ms the hook that keeps them is on only where the gradient "
+                   "norm is due; grad_norm_budget=1.0 keeps every step's)")
+#: A step whose loss is this many times its recent level has its gradients checked before the
+#: update, whatever the gradient norm's budget: a diverging run's losses grow by orders of magnitude
+#: a step (a learning rate 2,000x too high: 2, 2.4e3, 3.5e9, 2e21, 1.6e35, then NaN), and the
+#: step whose gradients overflow may still have a finite loss. Megatron-LM's rerun machine flags a
+#: loss 10x the largest of its first 100 as a spike; a check here costs a norm, not an alarm.
+LOSS_JUMP = 100.0
+#: The weight of the newest loss in its recent level (an exponential moving average of ``|loss|``),
+#: and the steps that make the level before a jump counts.
+LEVEL_ALPHA = 0.1
+LEVEL_STEPS = 5
+#: Steps after a loss jump within which a non-finite step counts as the same divergence.
+DIVERGING_STEPS = 10
 
 
 class NonFiniteStop(RuntimeError):
@@ -77,8 +110,16 @@ class GuardSettings:
             raise ValueError(f"on_nonfinite must be one of {POLICIES}, got {self.policy!r}")
 
 
-def nonfinite_words(origin: dict[str, Any], step: int) -> str:
-    """The origin in words, with what to do next."""
+def nonfinite_words(origin: dict[str, Any], step: int, diverging: dict[str, float] | None = None) -> str:
+    """The origin in words, with what to do next. ``diverging``: the loss rose by orders of magnitude
+    just before (``from_step``, ``factor``): where no module reproduces the non-finite values, an
+    overflow of a diverging run is the likelier cause than a fault."""
+    if diverging is not None and (origin.get("module") == "loss" or not origin.get("reproduced")):
+        since = int(diverging["from_step"])
+        return (f"the gradients overflowed at step {step} (their norm is not finite) while the run "
+                f"diverged: the loss rose {diverging['factor']:.1e}x from step {since}; most often a "
+                "learning rate far too high (or a loss scale, an unclipped gradient), not a bug in one "
+                "module")
     if not origin.get("rerun"):
         return f"non-finite gradients at step {step}; could not re-run the step: {origin.get('why')}"
     if origin.get("module") == "loss":
@@ -113,8 +154,8 @@ class NonFiniteGuard:
         current_step: Callable[[], int],
         tracker: EpisodeTracker,
         batch: Callable[[], Any],
-        loss: Callable[[], float | None],
         on_error: Callable[[str, BaseException], None],
+        step_seconds: Callable[[], float | None] = lambda: None,
         roots: Callable[[], Iterable[torch.nn.Module]] = tuple,
     ) -> None:
         self.settings = settings
@@ -127,8 +168,19 @@ class NonFiniteGuard:
         self._current_step = current_step
         self._tracker = tracker
         self._batch = batch
-        self._loss = loss
         self._on_error = on_error
+        self._step_seconds = step_seconds
+        #: The losses backpropagated since the last update, read on the host (told by the backward
+        #: watch), and whether one of them has this step's gradients checked before its update.
+        self._losses: list[float] = []
+        self._losses_step = 0  # the optimizer step they belong to
+        self._flagged = False
+        self._loss: float | None = None  # the step's loss as read before the update
+        self._loss_level: float | None = None
+        self._levels = 0
+        #: The run of loss jumps under way: the step it started at and the level before it (None: none).
+        self._jumps: tuple[int, float, int] | None = None  # (first step, level before, latest step)
+        torch_calls.on_backward(self._saw_loss)
         #: Whether the norms were measured before this step's update (None is then "not due").
         self.measured = False
         self._acting = settings.policy != "report"
@@ -149,6 +201,7 @@ class NonFiniteGuard:
         self._hooks.append(hooks_on(optimizer).add(self))
 
     def close(self) -> None:
+        torch_calls.off_backward(self._saw_loss)
         for hooks in self._hooks:
             hooks.remove(self)
         self._hooks.clear()
@@ -182,8 +235,10 @@ class NonFiniteGuard:
         if not capture.roots:
             for root in self._roots():
                 capture.attach(root)
+        seconds = self._step_seconds()
+        every_step = seconds is not None and seconds >= EVERY_STEP_FROM_S
         capture.arm(self._acting or (self._host_norms and (
-            due_in == 0 or (capture.armed and due_in <= ARMED_GAP))))
+            every_step or due_in == 0 or (capture.armed and due_in <= ARMED_GAP))))
         # The hooks call this guard on every step while the model's calls are kept (they are
         # dropped there), else from the update before the checked step (which arms the capture).
         wait = 0 if capture.armed else max(due_in - 1, 0)
@@ -193,9 +248,12 @@ class NonFiniteGuard:
     # -- the hooks ------------------------------------------------------------------------------
 
     def before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict, index: int) -> None:
+        suspicious, self._flagged = self._flagged, False
+        losses, self._losses = self._losses, []
+        self._loss = sum(losses) / len(losses) if losses else None
         if not self._acting:
             steps_to_due = self._due_step - self._current_step() - 1
-            if steps_to_due > 0:  # ``report`` on a step whose norms are not due: step() counts it
+            if steps_to_due > 0 and not suspicious:  # ``report``, norms not due: step() counts it
                 capture = self.capture
                 if capture.calls:  # kept through a gap between checked steps: not needed
                     capture.clear()
@@ -207,15 +265,56 @@ class NonFiniteGuard:
             # overflow there is the scaler's to skip, as it does, not a fault.
             return
         try:
-            self._check(optimizer)
+            self._check(optimizer, suspicious)
         except NonFiniteStop:
             raise
         except Exception as exc:  # never break the user's training because of telemetry
             self._on_error("non-finite check", exc)
 
-    def _check(self, optimizer: torch.optim.Optimizer) -> None:
+    def _saw_loss(self, loss: torch.Tensor) -> None:
+        """A loss is about to be backpropagated (training thread, told by the backward watch): on the
+        host it is read (a CPU scalar: no wait), and one that says the step's gradients may be bad
+        has them checked before this step's update (its hooks call :meth:`before_step` then)."""
+        if not (self._host_norms and loss.is_cpu) or loss.is_complex():
+            return
+        value = float(loss.item())
+        step = self._hooks[0].count if self._hooks else 0
+        if step != self._losses_step:  # the first loss of a step (the guard was not called on the last)
+            self._losses_step, self._losses, self._flagged = step, [], False
+        if len(self._losses) < CALLS_KEPT:
+            self._losses.append(value)
+        if self._suspicious(value) and not self._flagged:
+            self._flagged = True
+            for hooks in self._hooks:
+                hooks.wake(self)
+
+    def _suspicious(self, loss: float) -> bool:
+        """Whether ``loss`` says the step's gradients may be bad: not finite, or :data:`LOSS_JUMP`
+        times its recent level once that is known (every finite loss moves the level)."""
+        if not math.isfinite(loss):
+            return True
+        size, level = abs(loss), self._loss_level
+        self._loss_level = size if level is None else level + LEVEL_ALPHA * (size - level)
+        self._levels += 1
+        if level is None or self._levels <= LEVEL_STEPS or size <= LOSS_JUMP * level:
+            return False
+        step, jumps = self._current_step() + 1, self._jumps
+        if jumps is None or step - jumps[2] > DIVERGING_STEPS:
+            jumps = (step, level, step)
+        self._jumps = (jumps[0], jumps[1], step)
+        return True
+
+    def _diverging(self, step: int) -> dict[str, float] | None:
+        """The run of loss jumps that ``step`` belongs to or follows closely, where there is one."""
+        jumps = self._jumps
+        if jumps is None or step - jumps[2] > DIVERGING_STEPS or self._loss_level is None:
+            return None
+        loss = self._loss if self._loss is not None and math.isfinite(self._loss) else self._loss_level
+        return {"from_step": jumps[0], "factor": abs(loss) / max(jumps[1], 1e-30)}
+
+    def _check(self, optimizer: torch.optim.Optimizer, suspicious: bool = False) -> None:
         acting = self._acting
-        norms = self.norms = self._measure(acting)
+        norms = self.norms = self._measure(acting or suspicious)
         self.measured = True
         if norms is None:
             return
@@ -262,19 +361,25 @@ class NonFiniteGuard:
         settings = self.settings
         calls = list(self.capture.calls)
         try:
-            origin = find_origin(calls)
+            if not calls and self.capture.roots and not self.capture.armed:
+                origin = {"rerun": False, "reproduced": None, "why": _CALLS_NOT_KEPT}
+            else:
+                origin = find_origin(calls)
         except Exception as exc:  # a model the re-run cannot drive: said in the event
             origin = {"rerun": False, "reproduced": None,
                       "why": f"the re-run failed ({type(exc).__name__}: {exc})"}
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
-        facts = {"run": settings.run, "rank": settings.rank, "step": step, "loss": self._loss(),
+        facts = {"run": settings.run, "rank": settings.rank, "step": step, "loss": self._loss,
                  "lr": float(lr) if isinstance(lr, float | int | torch.Tensor) else None,
                  "grad_norm": self.norms.total.item() if self.norms is not None else None,
                  "policy": settings.policy}
+        diverging = self._diverging(step)
+        if diverging is not None:
+            facts["diverging"] = diverging
         path = bundle.bundle_path(settings.record, settings.run, settings.rank, step)
         weights = calls[0].module if settings.repro_weights and calls else None
         details: dict[str, Any] = {**facts, "origin": origin}
-        message = nonfinite_words(origin, step)
+        message = nonfinite_words(origin, step, diverging)
         try:
             details["repro"] = str(bundle.write(path, facts=facts, origin=origin, batch=self._batch(),
                                                 calls=calls, seed=settings.seed, weights_of=weights))

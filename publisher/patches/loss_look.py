@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from publisher.measure.tensors import readable
+
 #: Class counts up to which the labels of a class-index target are counted (a histogram of C + 1
 #: numbers comes back with the look; a vocabulary of 50,000 tokens is not a label set worth it).
 MAX_COUNTED_CLASSES = 4096
@@ -168,12 +170,13 @@ def _farthest(low: float, high: float, centre: float) -> float:
 
 def look(function: str, input: torch.Tensor, target: Any, log_target: bool) -> PendingLook:
     """Queue the look's numbers on the input's device and start their copy to the host; on the CPU,
-    keep its tensors for :meth:`PendingLook.read` to measure."""
+    keep its tensors for :meth:`PendingLook.read` to measure. ``input`` must be
+    :func:`~publisher.measure.tensors.readable` (the caller's check)."""
     classes = input.shape[1] if function in ("cross_entropy", "nll_loss") and input.ndim >= 2 else 0
     is_tensor = isinstance(target, torch.Tensor)
-    float_target = is_tensor and target.is_floating_point()
-    counted = (is_tensor and not float_target and not target.is_complex()
-               and 2 <= classes <= MAX_COUNTED_CLASSES)
+    measured = is_tensor and readable(target)  # a sparse or complex target is described, not measured
+    float_target = measured and target.is_floating_point()
+    counted = measured and not float_target and 2 <= classes <= MAX_COUNTED_CLASSES
     meta = {
         "function": function, "input_shape": tuple(input.shape),
         "input_dtype": str(input.dtype).removeprefix("torch."),
@@ -218,10 +221,15 @@ def _row_dim(meta: dict[str, Any]) -> int | None:
 
 def _extremes(tensor: torch.Tensor, row_dim: int | None, logsumexp: bool) -> list[torch.Tensor]:
     """A tensor's smallest and largest value and, where it has rows, the smallest and largest row
-    sum and (when asked) row logsumexp, as float32 scalars on its device."""
+    sum and (when asked) row logsumexp, as float32 scalars on its device; NaN for each of them where
+    there is no value to take them of (an empty selection: a masked loss over a batch with no
+    labelled row)."""
     values = tensor.float()
+    rows = row_dim is not None and values.ndim > 0
+    if values.numel() == 0:
+        return list(values.new_full((2 + 2 * rows + 2 * (rows and logsumexp),), math.nan).unbind())
     numbers = list(values.aminmax())
-    if row_dim is None or values.ndim == 0:
+    if row_dim is None or not rows:
         return numbers
     numbers += values.sum(row_dim).aminmax()
     if logsumexp:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from publisher.measure.budget import CostBudget
+from publisher.measure.tensors import readable
 from publisher.patches.loss_look import LossLook, PendingLook, look
 
 #: The losses looked at: those that take logits, log-probabilities or probabilities.
@@ -71,6 +72,11 @@ LOOK_BUDGET = 0.0025
 _KEPT_LOOKS = 1024
 #: Gradients probed, and values probed in each, to tell whether ``clip_grad_value_`` saw only zeros.
 PROBED = 16
+
+#: Called with each one-number tensor that is backpropagated (``Tensor.backward``: the loss), on
+#: the training thread, before its backward runs: the non-finite check reads the step's losses
+#: before the update, ``tuimon run`` makes the step's loss of them. A tuple replaced as a whole.
+_backward_listeners: tuple[Callable[[torch.Tensor], None], ...] = ()
 
 #: The registered watches, weakly (a Monitor that is never closed does not live on through
 #: them); a tuple replaced as a whole, so that a call iterates it without copying or locking.
@@ -216,6 +222,38 @@ def install() -> None:
                     setattr(module, name, _clip_wrapper(original))
         for name in WATCHED_LOSSES:
             setattr(functional, name, _loss_wrapper(name, getattr(functional, name)))
+        torch.Tensor.backward = _backward_wrapper(torch.Tensor.backward)  # type: ignore[method-assign]
+
+
+def on_backward(listener: Callable[[torch.Tensor], None]) -> None:
+    """Call ``listener`` with each one-number tensor backpropagated from now on (installs the wrappers)."""
+    global _backward_listeners
+    install()
+    with _install_lock:
+        _backward_listeners = (*_backward_listeners, listener)
+
+
+def off_backward(listener: Callable[[torch.Tensor], None]) -> None:
+    global _backward_listeners
+    with _install_lock:
+        _backward_listeners = tuple(known for known in _backward_listeners if known != listener)
+
+
+def _backward_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.backward`` telling the listeners of a loss first (a one-number tensor): the loss is on
+    its way anyway, and on the CPU it is already on the host."""
+
+    @functools.wraps(original)
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if _backward_listeners and self.numel() == 1:
+            for listener in _backward_listeners:
+                try:  # noqa: SIM105 (a plain try costs less than contextlib.suppress on every step)
+                    listener(self)
+                except Exception:  # nothing must ever break the user's backward
+                    pass
+        return original(self, *args, **kwargs)
+
+    return backward
 
 
 #: True while torch.compile traces (the watches then stay out of the graph).
@@ -293,8 +331,8 @@ def _look(name: str, input: torch.Tensor, target: Any, log_target: bool) -> None
     """Look at a call (:mod:`publisher.patches.loss_look`) and hand the look to every watch. Only a
     loss that is being trained counts (an input that requires grad): not an evaluation or a
     metric. The next call is looked at too while a watch is :attr:`~CallWatch.eager`."""
-    if not isinstance(input, torch.Tensor) or not input.requires_grad:
-        return
+    if not isinstance(input, torch.Tensor) or not input.requires_grad or not readable(input):
+        return  # an evaluation, a metric, or a tensor no look can read (sparse, complex, traced)
     started = time.perf_counter()
     pending = look(name, input, target, bool(log_target))
     pending.cost_s = time.perf_counter() - started

@@ -33,10 +33,11 @@ class StepReadings:
     ``data_time`` as given or measured; ``compute``, the marks of its own work; ``grads``, the
     gradient norms where measured (:class:`~publisher.stats.grad_norm.GradNorms`), ``layout`` and
     ``arrays`` a per-layer sample's; ``values``, the device numbers once on the host, in the order
-    of ``waiting``.
+    of ``waiting``; ``failed``, the parts that failed on the training thread, by name
+    (:mod:`publisher.telemetry_errors`).
     """
 
-    __slots__ = ("arrays", "at", "batches", "compute", "data_time", "grads", "layout", "looks",
+    __slots__ = ("arrays", "at", "batches", "compute", "data_time", "failed", "grads", "layout", "looks",
                  "metrics", "previous_at", "samples", "step", "tokens", "values", "waiting")
 
     def __init__(self, step: int, at: float, previous_at: float | None) -> None:
@@ -57,6 +58,7 @@ class StepReadings:
         self.grads: Any = None
         self.layout: Any = None
         self.arrays: list[torch.Tensor] = []
+        self.failed: list[str] = []
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         """A number or a one-element tensor: read now if it is on the CPU, else set aside."""

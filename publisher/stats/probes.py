@@ -18,7 +18,7 @@ from torch import nn
 
 from publisher.measure.budget import CostMeter
 from publisher.measure.step_hooks import NEVER, StepHooks, hooks_on
-from publisher.measure.tensors import flat_sample, sample_stride
+from publisher.measure.tensors import flat_sample, readable, sample_stride
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,10 @@ def rows_per_unit(x: torch.Tensor) -> int:
 
 
 def _first_float_tensor(value: Any) -> torch.Tensor | None:
-    """The tensor a module returned, or the first floating tensor of a tuple/list/dict it returned."""
+    """The tensor a module returned, or the first floating tensor of a tuple/list/dict it returned,
+    where its values can be read (:func:`~publisher.measure.tensors.readable`) and it has any."""
     if isinstance(value, torch.Tensor):
-        return value if value.is_floating_point() and value.numel() > 0 else None
+        return value if value.is_floating_point() and value.numel() > 0 and readable(value) else None
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, list | tuple):

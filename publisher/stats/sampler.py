@@ -42,6 +42,7 @@ from publisher.stats.discovery import RootDiscovery
 from publisher.stats.grad_norm import FusedNorms, GradNorms
 from publisher.stats.layer_sample import SampleLayout, spread
 from publisher.stats.probes import ActivationProbe, UpdateProbe
+from publisher.telemetry_errors import TelemetryErrors
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,11 @@ class LayerSampler:
         model: nn.Module | None,
         optimizers: Sequence[torch.optim.Optimizer],
         params: Callable[[], list[torch.Tensor]],
+        errors: TelemetryErrors | None = None,
     ) -> None:
         self.config = config
+        #: This part's health (:mod:`publisher.telemetry_errors`): the Monitor stops sampling once it is off.
+        self.part = (errors or TelemetryErrors()).part("per-layer sample")
         self.sampling = True  # the first step is sampled
         self._params = params
         self._optimizers: list[torch.optim.Optimizer] = []

@@ -69,5 +69,8 @@ EVENT_KINDS: dict[str, EventKind] = {
         EventKind("unowned_tensors", "warning", "tensors outside the model get gradients no optimizer uses"),
         EventKind("frozen_param_changed", "critical", "a frozen parameter changed"),
         EventKind("tie_broken", "warning", "parameters meant to be one tensor have come apart"),
+        # Monitoring itself (publisher/telemetry_errors.py): a part failed, the rest went on.
+        EventKind("telemetry_error", "info",
+                  "a part of tuimon's monitoring failed: its figures are missing, the rest goes on"),
     )
 }

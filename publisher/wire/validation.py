@@ -183,6 +183,11 @@ def _metrics(message: Mapping[str, Any]) -> None:
             check_number(value, "metric", name)
     if "layers" in message:
         _object(message, "layers")
+    if "failed" in message:
+        failed = message["failed"]
+        if (not isinstance(failed, list) or len(failed) > MAX_METRICS
+                or not all(isinstance(part, str) and len(part) <= MAX_NAME_CHARS for part in failed)):
+            raise _error(f"field 'failed' must be a list of at most {MAX_METRICS:,} part names")
 
 
 def _gpu(message: Mapping[str, Any]) -> None:

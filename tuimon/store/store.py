@@ -111,6 +111,9 @@ class _Run:
     job: JobState = field(default_factory=JobState)
     #: Per-layer samples, by rank.
     layers: dict[int, LayerHistory] = field(default_factory=dict)
+    #: The ids of the run's ``telemetry_error`` events (a part of the Monitor failed), at most
+    #: :data:`MAX_EVENTS`: each is one part of one rank, so a count of failed parts.
+    telemetry_errors: set[str] = field(default_factory=set)
 
 
 #: Which stalled rank a run's header shows first: the one the others wait for.
@@ -459,6 +462,8 @@ class Store(Sink):
         )
         if len(run.events) > MAX_EVENTS:
             run.events.popitem(last=False)
+        if message["kind"] == "telemetry_error" and len(run.telemetry_errors) < MAX_EVENTS:
+            run.telemetry_errors.add(event_id)
         self._bump(run, "events")
 
     def _on_invariant(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:
@@ -587,6 +592,7 @@ class Store(Sink):
             stall=stalls[shown] if shown is not None else None,
             stall_rank=shown,
             stall_waiting=sum(verdict.state == WAITING for verdict in stalls.values()),
+            telemetry_errors=len(run.telemetry_errors),
         )
 
     def metric_names(self, run: str) -> list[str]:
