@@ -219,10 +219,10 @@ def test_tuimon_tail_shows_the_telemetry_error_of_a_live_run(tmp_path: Path) -> 
     assert len(told) == 1 and "metric 'phase'" in told[0], shown.stdout[-2000:]
 
 
-async def test_the_dashboard_header_counts_the_monitor_errors(tmp_path: Path) -> None:
+async def test_the_dashboard_header_counts_the_parts_that_failed(tmp_path: Path) -> None:
     record = tmp_path / "told.jsonl"
-    _failing_extra_run(record)
+    _failing_extra_run(record, steps=OFF_AFTER + 2)  # told twice: failed, then switched off
     app = TuimonApp(ReplaySource([record], speed=math.inf))
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for_screen(pilot, lambda: "ENDED" in str(app.query_one("#header").visual), what="the end")
-        assert "⚙ 1 monitor error" in str(app.query_one("#header").visual)
+        assert "⚙ 1 part failed" in str(app.query_one("#header").visual)

@@ -83,7 +83,8 @@ class RunView:
     stall: Stall | None = None
     stall_rank: int | None = None
     stall_waiting: int = 0
-    #: Parts of the Monitor that failed (``telemetry_error`` events): their figures are missing.
+    #: Parts of the Monitor that failed (``telemetry_error`` events, a part once however often it
+    #: is told): their figures are missing.
     telemetry_errors: int = 0
 
 

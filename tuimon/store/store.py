@@ -111,8 +111,8 @@ class _Run:
     job: JobState = field(default_factory=JobState)
     #: Per-layer samples, by rank.
     layers: dict[int, LayerHistory] = field(default_factory=dict)
-    #: The ids of the run's ``telemetry_error`` events (a part of the Monitor failed), at most
-    #: :data:`MAX_EVENTS`: each is one part of one rank, so a count of failed parts.
+    #: The parts of the Monitor that failed (``telemetry_error`` events), as ``rank:part``, at most
+    #: :data:`MAX_EVENTS`: a part told twice (its first failure, then switched off) counts once.
     telemetry_errors: set[str] = field(default_factory=set)
 
 
@@ -463,7 +463,8 @@ class Store(Sink):
         if len(run.events) > MAX_EVENTS:
             run.events.popitem(last=False)
         if message["kind"] == "telemetry_error" and len(run.telemetry_errors) < MAX_EVENTS:
-            run.telemetry_errors.add(event_id)
+            part = details.get("part") if isinstance(details, dict) else None
+            run.telemetry_errors.add(f"{rank}:{part}" if isinstance(part, str) else event_id)
         self._bump(run, "events")
 
     def _on_invariant(self, run: _Run, state: _Rank, message: Mapping[str, Any]) -> None:

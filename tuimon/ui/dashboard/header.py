@@ -115,8 +115,9 @@ class RunHeader(Static):
                 unit = name.removesuffix("_per_s")
                 fields.append(Content.from_markup("[b]$value[/] $unit/s", value=number(value, 3), unit=unit))
             if view.telemetry_errors:  # parts of the Monitor that failed: their figures are missing
-                fields.append(Content.styled(f"⚙ {view.telemetry_errors} monitor error"
-                                             f"{'s' if view.telemetry_errors > 1 else ''}", "$warning"))
+                failed = view.telemetry_errors
+                parts = "part" if failed == 1 else "parts"
+                fields.append(Content.styled(f"⚙ {failed} {parts} failed", "$warning"))
             fields.append(connection(view, source, now))
             if view.gpu_simulated:
                 fields.append(Content.styled(" SIMULATED GPUs ", "bold reverse $warning"))
