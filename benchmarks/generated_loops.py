@@ -2,7 +2,7 @@
 
     python benchmarks/generated_loops.py [--examples N] [--seed N]
 
-``make test`` runs a bounded, seeded profile (12 loops); this runs many more (400 by default, about
+``make test`` runs a bounded, seeded profile (8 loops); this runs many more (400 by default, about
 a minute each hundred here) with a new seed each time unless one is given, and prints Hypothesis's
 statistics and, for a failure, the shrunk loop: add it to the test module as a plain regression
 test (a ``LoopRecipe`` spelt out) once it is fixed.

@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from blocks import add_block_option, block_steps, pair_ratio  # noqa: E402
+from blocks import add_block_option, block_steps, middle_half, pair_ratio  # noqa: E402
 from cost_split import mlp  # noqa: E402
 from overhead import TORCH_CROSS_ENTROPY, WARM_UP_STEPS  # noqa: E402
 
@@ -182,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     for arm in ARMS[1:]:
         ratios = [pair_ratio([m], [b]) for m, b in zip(means[arm], means["bare"], strict=True)]
-        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        q1, median, q3 = middle_half(ratios)
         row = per_step[arm]
         cost = row["extra"] / row["background"] if row["background"] > 0 else float("nan")
-        print(f"{arm:<18}{statistics.median(ratios):>8.3f}{f'{q1:.3f}-{q3:.3f}':>15}{row['cpu']:>9.0f}us"
+        print(f"{arm:<18}{median:>8.3f}{f'{q1:.3f}-{q3:.3f}':>15}{row['cpu']:>9.0f}us"
               f"{row['off']:>8.0f}us{row['background']:>8.0f}us{cost:>10.2f}")
     return 0
 

@@ -39,6 +39,7 @@ import torch
 
 from publisher.detectors import Detector
 from publisher.invariants import InvariantConfig
+from publisher.measure.budget import QuietPart
 from publisher.measure.fetch import DeviceFetch
 from publisher.nonfinite.guard import GuardSettings, NonFiniteGuard
 from publisher.patches import torch_calls
@@ -203,6 +204,8 @@ class Monitor:
         self._queue_quiet = self._parts.worker.append_unchecked
         self._batch: Any = None  # the latest batch, by reference (a repro bundle holds it)
         self._guard = self._nonfinite_guard(guard_settings, model)
+        self._quiet_parts: list[QuietPart] = []
+        self._list_quiet_parts()
         atexit.register(self._close_at_exit)
 
     def _nonfinite_guard(self, settings: GuardSettings,
@@ -312,36 +315,36 @@ class Monitor:
 
     def _plan_quiet(self) -> None:
         """After a full step: how many coming steps need no more than :meth:`step`'s quiet path, the
-        fewest any part allows (the gradient norm's budget, the layer sampler's next sample, the
-        invariant checker's next work, the non-finite check's hooks); the parts are told at once
-        that those steps will pass (a quiet run that ends early gives back the steps it did not
-        take: :meth:`_unplan_quiet`).
+        fewest any of the quiet parts allows (:meth:`_list_quiet_parts`: the gradient norm's budget,
+        the non-finite check's hooks, the layer sampler's next sample, the invariant checker's next
+        work); they are told at once that those steps will pass (a quiet run that ends early gives
+        back the steps it did not take: :meth:`_unplan_quiet`).
         None while copies from a device are on their way (the steps must reach the worker in
         order), without an optimizer, or where a learning rate is not a float. Called at the end of
         the full step, which has set ``_quiet`` to 0."""
-        quiet = self._grad_norm.idle_steps if self._params.params else QUIET_STEPS_MAX
         optimizer = self._params.primary
-        if quiet <= 0 or self._loss_on_device or optimizer is None:
+        if self._loss_on_device or optimizer is None:
             return  # a loss on a device is copied with the step's other numbers: no quiet step
         groups = optimizer.param_groups
         if not group_rates(groups) or self._fetch.pending:
             return
-        guard, layers, invariants = self._guard, self._layers, self._invariants
-        if guard is not None:
-            quiet = min(quiet, guard.idle_steps())
-        if layers is not None:
-            quiet = min(quiet, layers.idle_steps())
-        if invariants is not None:
-            quiet = min(quiet, invariants.checker.idle_steps())
-        quiet = min(quiet, QUIET_STEPS_MAX)
+        parts = self._quiet_parts
+        quiet = min(QUIET_STEPS_MAX, *(part.idle_steps() for part in parts)) if parts else QUIET_STEPS_MAX
         if quiet <= 0:
             return
-        self._grad_norm.skip(quiet)
-        if layers is not None:
-            layers.skip(quiet)
+        for part in parts:
+            part.skip(quiet)
         self._quiet_groups = groups
         self._quiet = quiet
         self._quiet_last = self._step + quiet
+
+    def _list_quiet_parts(self) -> None:
+        """The parts the quiet steps are planned with (:class:`~publisher.measure.budget.QuietPart`):
+        the gradient norm's budget where there are parameters, the non-finite check, the layer
+        sampler, the invariant checker; made anew when one joins or goes."""
+        candidates = (self._grad_norm if self._params.params else None, self._guard, self._layers,
+                      self._invariants.checker if self._invariants is not None else None)
+        self._quiet_parts = [part for part in candidates if part is not None]
 
     def _unplan_quiet(self) -> None:
         """A full step where a quiet one was planned: the parts told that the quiet run's steps
@@ -350,9 +353,8 @@ class Monitor:
         clip without gradients) brought each part's work forward a whole run on every step: a
         sample and a gradient norm nearly every step, ~100 us a step on a 1 ms MLP."""
         unplanned, self._quiet = self._quiet, 0
-        self._grad_norm.skip(-unplanned)
-        if self._layers is not None:
-            self._layers.skip(-unplanned)
+        for part in self._quiet_parts:
+            part.skip(-unplanned)
 
     def _record_step(
         self,
@@ -410,7 +412,7 @@ class Monitor:
         # it took the place of a quiet step.
         self._grad_norm.settle(time.perf_counter() - now if ends_quiet_run else 0.0)
         if guard is not None:
-            due_in = 0 if layers is not None and layers.sampling else self._grad_norm.idle_steps
+            due_in = 0 if layers is not None and layers.sampling else self._grad_norm.idle_steps()
             self._part(self._guard_part, None, guard.next_step, due_in)
         if self._sync_invariants is not None:
             self._part(self._invariants_part, None, self._sync_invariants, step)
@@ -420,6 +422,7 @@ class Monitor:
         """The per-layer sampler is switched off: its probes go, no step is sampled any more."""
         layers, self._layers = self._layers, None
         self._parts.completion.layers = self._parts.layers = None
+        self._list_quiet_parts()
         if layers is not None:
             try:
                 layers.close()
@@ -579,6 +582,7 @@ class Monitor:
                 self._guard.watch(optimizer)
         except Exception as exc:
             self._telemetry_failed("add_optimizer()", exc)
+        self._list_quiet_parts()  # the gradient norm joins with the first parameters
 
     def track_data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Iterate ``iterable`` (one pass, an epoch, over a DataLoader or any iterable of batches),

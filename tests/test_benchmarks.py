@@ -57,8 +57,8 @@ def test_the_gil_share_benchmark_runs_the_same_work_in_a_thread_and_in_a_process
     """`gil_share.py`: a row per arm, each with the background work's CPU measured (a server process
     that never started its work, or a thread that never ran, would read 0 and the comparison
     would be empty)."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gil_share.py"), "--rounds", "2",
-                           "--passes", "30", *SHORT_BLOCKS],
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gil_share.py"), "--rounds", "1",
+                           "--passes", "15", *SHORT_BLOCKS],
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr
     rows = {line[:18].strip(): line for line in done.stdout.splitlines()
@@ -89,13 +89,13 @@ def test_the_cost_split_benchmark_reads_every_background_thread() -> None:
 
 
 def test_the_feature_cost_benchmark_measures_every_arm_against_the_bare_loop() -> None:
-    """`feature_cost.py` on the small MLP, two rounds: a row for the default Monitor, each feature
+    """`feature_cost.py` on the small MLP, one round: a row for the default Monitor, each feature
     left out, the base and a second bare copy (the run's A/A), each a ratio to the bare loop over
     its calm rounds, all of them here (a Monitor setting renamed would stop it at start, a broken
-    arm would print no row). The ratios themselves are not judged: two
-    rounds beside other tests are noise (an arm's two adjacent blocks read 2.16x in one CI run
+    arm would print no row). The ratios themselves are not judged: one
+    round beside other tests is noise (an arm's two adjacent blocks read 2.16x in one CI run
     while the default Monitor's read about 1.1x)."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "feature_cost.py"), "--rounds", "2",
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "feature_cost.py"), "--rounds", "1",
                            "--steal-limit", "1", *SHORT_BLOCKS],
                           capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr
@@ -105,7 +105,7 @@ def test_the_feature_cost_benchmark_measures_every_arm_against_the_bare_loop() -
         done.stdout
     for arm, (ratio, *_, calm_rounds, every_round) in rows.items():
         assert math.isfinite(float(ratio)) and float(ratio) > 0, (arm, done.stdout)
-        assert calm_rounds == "2/2" and float(every_round) > 0, (arm, done.stdout)
+        assert calm_rounds == "1/1" and float(every_round) > 0, (arm, done.stdout)
 
 
 def _stat(path: Path, user: int, idle: int, steal: int) -> None:

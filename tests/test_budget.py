@@ -107,7 +107,7 @@ def _steps_between_norms(step_cost: float) -> int:
         while norm.due(lambda: [weight], float(next(steps))) is None:
             pass
         norm.settle(step_cost)
-    return norm.idle_steps
+    return norm.idle_steps()
 
 
 def test_a_gradient_norm_is_charged_the_full_step_that_carried_it() -> None:

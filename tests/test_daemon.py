@@ -76,7 +76,7 @@ def test_tuimon_run_costs_a_two_thread_training_no_off_cpu_time_and_no_second_po
     """An unmodified script whose loss reads 49,920 logits, the size torch runs in parallel: under
     `tuimon run` its training thread stays on its CPU as without it (it was off it ~30 % of the
     time, 1.3-1.9x slower, when the loss's look ran on the step worker with a pool of its own)."""
-    script = [sys.executable, str(SCRIPTS / "plain_threaded_lm.py"), "--threads", "2", "--steps", "60"]
+    script = [sys.executable, str(SCRIPTS / "plain_threaded_lm.py"), "--threads", "2", "--steps", "40"]
     plain_off, plain_threads = _trained(script)
     watched_off, watched_threads = _trained([*TUIMON, "run", "--gpu", "none", "--", *script])
     assert watched_threads == plain_threads, "a thread of tuimon's made torch a second pool"

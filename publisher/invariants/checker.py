@@ -189,6 +189,10 @@ class InvariantChecker:
             with self._meter:
                 self._run(owned, owned.see_graph, loss, self.steps_done)
 
+    def skip(self, steps: int) -> None:
+        """Quiet steps pass: the hooks count them, and :meth:`InvariantLink.sync` numbers them
+        (:class:`~publisher.measure.budget.QuietPart`)."""
+
     def idle_steps(self) -> int:
         """Coming steps after which the loss's graph is not wanted (:meth:`offer_graph`: the
         ownership check walks it on the two steps before each of its checks), so that the

@@ -18,6 +18,22 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Protocol
+
+
+class QuietPart(Protocol):
+    """A part of the Monitor that needs some steps and not others: after each full step it says
+    how many coming steps need nothing of it (``idle_steps``), and the Monitor tells it at once
+    that those will pass by its quiet path (``skip``; a negative count gives back those a quiet run
+    that ended early did not take). The Monitor plans its quiet steps from one list of them."""
+
+    def idle_steps(self) -> int:
+        """Coming steps that need nothing of this part."""
+        ...
+
+    def skip(self, steps: int) -> None:
+        """``steps`` coming steps pass by the quiet path (negative: that many did not)."""
+        ...
 
 
 def check_share(value: object, what: str) -> float:

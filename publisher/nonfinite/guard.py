@@ -216,6 +216,9 @@ class NonFiniteGuard:
             return 0
         return max(self._due_step - self._current_step() - 1, 0)
 
+    def skip(self, steps: int) -> None:
+        """Quiet steps pass: the guard's hooks count them (:class:`~publisher.measure.budget.QuietPart`)."""
+
     def next_step(self, due_in: int) -> None:
         """The Monitor recorded the step (one call a step: each costs microseconds there); its
         norms are due ``due_in`` steps after the next one (0: on the next). This step's calls and

@@ -98,7 +98,6 @@ class BudgetedGradNorm:
         """The norms whatever the budget (a sampled step reads them anyway)."""
         return self._normer(params)
 
-    @property
     def idle_steps(self) -> int:
         """Coming :meth:`due` calls that will compute nothing."""
         return max(self._wait, 0)
