@@ -90,8 +90,8 @@ class StepCompletion:
                                                          tuple[str, ...]]:
         """A quiet step's metrics, the looks at its loss calls and the parts that failed, straight
         from its tuple: on the step worker, every object and call a step makes is paid by the
-        training thread in waits for the GIL (issue 23), and a quiet step needs no
-        :class:`StepReadings` to say what it holds."""
+        training thread in waits for the GIL (``benchmarks/gil_share.py``), and a quiet step needs
+        no :class:`StepReadings` to say what it holds."""
         step, at, previous_at, loss, lr, tokens, samples, data_time, compute, _, pending, extras = quiet
         if isinstance(lr, tuple):  # several parameter groups
             metrics = {} if loss is None else {"loss": loss}
