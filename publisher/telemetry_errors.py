@@ -83,10 +83,6 @@ class TelemetryErrors:
         """The part called ``what`` raised ``exc`` (for the call sites that keep no handle)."""
         self.part(what).failed(exc, step)
 
-    def switched_off(self) -> list[str]:
-        """The parts switched off so far, by name."""
-        return [name for name, part in self._parts.items() if not part.on]
-
     def report_to(self, report: Report) -> None:
         """Tell failures with ``report`` from now on, those held so far first."""
         with self._lock:
