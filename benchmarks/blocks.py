@@ -9,7 +9,7 @@ Monitor's hand-off periods (``publisher.wire.transport.HANDOFF_S``): the step wo
 sender do the steps' work in bursts, once a period, and a burst delays the few training steps it
 overlaps (the training thread waits for the GIL, and the two threads share the machine's cores).
 A median per block drops those few steps, and a block shorter than a period may hold no burst at
-all; measured on the ~1 ms MLP of ``cost_split.py`` (issue 23), medians of 20-step blocks read
+all; measured on the ~1 ms MLP of ``cost_split.py``, medians of 20-step blocks read
 1.06x where means of 600-step blocks read 1.13x, and only the second is what a run's wall time
 pays. A burst that falls after the end of a monitored block lands in the next block, monitored or
 plain alike in ABBA order, so about one period in ten of the threads' work goes uncounted: the

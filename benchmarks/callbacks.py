@@ -29,7 +29,7 @@ prior (48 calls on this model: ~1 ms each on this CPU), and its cost budgets are
 so its first ~150 steps cost it more than the next (``--phases`` prints the ratio by bands of
 steps); with the 10-step warm-up this benchmark had before, that start was read as a per-step cost.
 
-Target: 1.02x (issue 23; README, "What monitoring costs"). The callback is a Monitor, and the
+Target: 1.02x (README, "What monitoring costs"). The callback is a Monitor, and the
 callbacks' own work per step (a forward hook, a loss queued on its device) is a few
 microseconds, so ``hf`` and ``lightning`` should read like ``plain``.
 

@@ -168,7 +168,7 @@ def _overhead_mlp(size: ModelSize) -> Build:
 
 #: overhead.py's ~1 ms MLP, two hidden layers.
 mlp = _overhead_mlp(SIZES[0])
-#: overhead.py's ~10 ms MLP (issue 23's <= 1.02x target): there a 2 % ratio is within the noise
+#: overhead.py's ~10 ms MLP (the <= 1.02x target): there a 2 % ratio is within the noise
 #: of alternating blocks on a shared machine, where the extra microseconds a step, part by part,
 #: are not.
 wide = _overhead_mlp(SIZES[1])

@@ -4,7 +4,7 @@
 
 ``cost_split.py`` shows that most of what a Monitor adds to a ~1-2 ms CPU step is not its own code
 on the training thread but the training thread waiting (``waits``) and computing slower (``cpu``)
-while the step worker and the sender run (issue 23). This benchmark isolates that mechanism with
+while the step worker and the sender run (docs/benchmarks.md). This benchmark isolates that mechanism with
 a stand-in for their work: tuimon's detector suite run on synthetic steps, ``P`` passes every
 0.1 s (the step worker's hand-off period), pure Python as theirs is. The bare MLP loop of
 ``cost_split.py`` trains in blocks of about a second, each arm in turn (reversed every other
@@ -25,7 +25,7 @@ Why a thread costs more than its CPU: CPython hands the GIL between a thread tha
 Python and one that keeps releasing it (every torch operation does) so that the releasing thread
 waits for the whole of the other's turn, up to the switch interval (5 ms), each time it wants the
 GIL back: the "convoy effect" (D. Beazley, "Understanding the Python GIL", PyCon 2010; Python bug
-tracker issue 7946, "Convoy effect with I/O bound threads and New GIL").
+tracker bpo-7946, "Convoy effect with I/O bound threads and New GIL").
 """
 
 from __future__ import annotations

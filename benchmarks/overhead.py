@@ -10,10 +10,10 @@ machine at that hour); a plain and a watched model train in alternating blocks o
 and the ratio is the median of adjacent blocks' ratios of mean step times (``blocks.py``: why
 means, and why a second; and why subnormals are flushed in every arm).
 
-Targets (issue 23): ratio <= 1.05 at ~1 ms steps, <= 1.02 at ~10 ms and longer (TrainCheck,
-OSDI 2025, reports a median of 1.05x for its checks, worst 1.6x). Also printed: the median cost
-of one ``mon.step()`` call in microseconds, the messages the publisher dropped (queue full), and
-``hooks``: per step, the time spent in the sampler's and the checker's hooks and assembly
+Targets (README, "What monitoring costs"): ratio <= 1.05 at ~1 ms steps, <= 1.02 at ~10 ms and
+longer (TrainCheck, OSDI 2025, reports a median of 1.05x for its checks, worst 1.6x). Also printed:
+the median cost of one ``mon.step()`` call in microseconds, the messages the publisher dropped
+(queue full), and ``hooks``: per step, the time spent in the sampler's and the checker's hooks and assembly
 (``full`` only; part of the ratio, not added to it). What a frozen viewer misses is not in that
 count: ZeroMQ drops it for that viewer alone, silently; the viewer sees gaps in ``seq``.
 
@@ -104,7 +104,7 @@ class ModelSize:
 
 
 #: ABBA rounds of two ~1 s blocks per size and condition (a third with ``--quick``). The sizes are
-#: those of issue 23's targets (~1 ms and ~10 ms steps) and a larger one.
+#: those of the cost targets (~1 ms and ~10 ms steps) and a larger one.
 ROUNDS = 12
 SIZES = (
     ModelSize("1ms", "~1 ms step", (128, 256, 10), batch=64, target=1.05),

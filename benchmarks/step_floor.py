@@ -2,7 +2,7 @@
 
     python benchmarks/step_floor.py [--steps 1000] [--rounds 5] [--models mlp,deep,gpt2]
 
-Issue 23 asks for ``mon.step()`` at most 15 us (median) on the training thread, whatever the
+The target is ``mon.step()`` at most 15 us (median) on the training thread, whatever the
 model. Called back to back on one loss, with its code and data in the caches, a default Monitor's
 ``step()`` takes a few microseconds; called between training steps, whose kernels evict the
 caches, several times that, and more the larger the model (``cost_split.py``'s ``step()``

@@ -7,7 +7,7 @@ in step order: throughput, the compute time (the device's marks read here:
 CPU (:mod:`publisher.readings.memory`, :mod:`publisher.readings.cpu_wait`), the device numbers that
 arrived, which gradients went bad on a step whose norm is not finite, and the looks at the loss
 calls (:mod:`publisher.patches.loss_look`: on the CPU, measured here). Moved here from the
-training thread for issue 23 ("the cost of watching"): there each read cost several times what it
+training thread to cut the cost of watching (docs/benchmarks.md): there each read cost several times what it
 costs in a batch here, on warm caches. So is the typical step time
 (:class:`~publisher.readings.timing.StepTimer`): the cost budgets on the training thread read it
 one hand-off late, which a median of 31 steps does not notice.

@@ -72,3 +72,18 @@ def test_the_readme_layout_names_every_folder() -> None:
     }
     named = set(re.findall(r"\b(\w+/)", block))
     assert folders <= named, f"README's layout lacks {sorted(folders - named)}"
+
+
+#: A project issue cited by its number: it says nothing to a reader who has no tracker.
+_ISSUE_NUMBER = re.compile(r"\b[Ii]ssue [0-9]+")
+
+
+def test_source_tests_and_benchmarks_say_what_and_why_not_which_issue() -> None:
+    """Code and its comments say what they do and why, and cite public sources; a project issue's
+    number means nothing to a reader of the code, and measurements belong in docs/benchmarks.md."""
+    cited = [f"{path.relative_to(ROOT)}:{number}"
+             for folder in (*PACKAGES, "tests", "benchmarks") for path in (ROOT / folder).rglob("*.py")
+             if "__pycache__" not in path.parts
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if _ISSUE_NUMBER.search(line)]
+    assert not cited, cited

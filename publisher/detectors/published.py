@@ -2,7 +2,7 @@
 publisher's process, off the training process's GIL.
 
 Threads of the training process share its GIL: the Python a step worker runs is paid by the
-training thread in waits for it, about one for one on a 2-core machine (issue 23;
+training thread in waits for it, about one for one on a 2-core machine (docs/benchmarks.md;
 ``benchmarks/gil_share.py``: the detector suite's work cost a ~1 ms MLP step 1.066x in a thread
 and 1.009x in a process of its own). The detectors below read nothing but a step's ``metrics``
 (and the :class:`~publisher.detectors.base.TrainingContext`, which the Monitor shares with the

@@ -59,7 +59,7 @@ class OwnershipCheck(Check):
     def wants_graph(self, steps_done: int) -> bool:
         """Walk the loss's graph now? On the two steps before each check, once a step. Asked at
         every step on the training thread, so the steps before the next window answer from one
-        comparison (each call there costs microseconds: issue 23)."""
+        comparison (each call there costs microseconds: ``benchmarks/step_floor.py``)."""
         if steps_done < self._quiet_until:
             return False
         due = self.next_due(steps_done)

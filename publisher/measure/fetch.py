@@ -13,7 +13,7 @@ copies are outstanding (a loop that never synchronises) or at :meth:`DeviceFetch
 Why gather: from Python every CUDA call costs the host microseconds (measured on an H200 host:
 a copy to pinned memory with its event 25-33 us, a ``torch.cat`` 10-12 us, any kernel launch
 10-12 us, more while the device is busy), and one copy per step made ``Monitor.step`` cost 245 us
-on a 1.5 ms step and 350 us on a 22 ms one (issue 23; with the compute-time sampling of
+on a 1.5 ms step and 350 us on a 22 ms one (docs/benchmarks.md; with the compute-time sampling of
 :mod:`publisher.readings.compute_time`, 50 and 88 us once gathered, measured before the join
 below was added: one more kernel launch a step, 10-12 us there). A step's tensors are joined
 on their device at once (one kernel, so that the values are those of the step: a CUDA graph's

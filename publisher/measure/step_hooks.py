@@ -6,7 +6,7 @@ the per-layer update probe (around sampled steps). Each used to register its own
 (``Optimizer.register_step_pre_hook`` / ``register_step_post_hook``, PyTorch 2.0), called by torch on
 every step to find, most of the time, that nothing was due. Measured in place, between training
 steps whose kernels have evicted their code from the caches, those six calls cost a ~1 ms CPU
-step of an MLP 18-20 µs of the training thread, two calls that only count ~1 µs (issue 23, "the
+step of an MLP 18-20 µs of the training thread, two calls that only count ~1 µs (docs/benchmarks.md, "the
 cost of watching"). So there is one pair per optimizer: it counts the outermost steps, and calls a
 part only on the steps the part asked for (:meth:`StepPart.after_step` returns the next one;
 :meth:`StepHooks.call_at` moves it from outside, :meth:`StepHooks.wake` brings it forward).

@@ -5,7 +5,7 @@ class-index targets one ``index_add_`` of ones into a histogram, the way the lab
 counted) and all of it comes back to the host in one non-blocking copy, read when it has landed
 (its CUDA event is polled, never waited on). On the CPU the same reductions would run on the
 training thread, inside the loss call: a dozen small torch operations (about twenty, 0.35-0.4 ms
-on this project's busy 2-core machine, before issue 23 made the device compute only extremes).
+on this project's busy 2-core machine, before the device computed only extremes).
 There the look keeps the tensors instead (the input's sampled rows, copied only when they are a
 sample of a bigger tensor, and the target by reference) and the step worker measures them when it
 reads the look, with the same code; a target refilled in place before then (a hand-made loop
@@ -199,7 +199,7 @@ def _measure(meta: dict[str, Any], rows: torch.Tensor, target: torch.Tensor | No
     (:func:`_extremes`), the target's where it holds floats, then the label counts where they are
     counted; :meth:`PendingLook.read` turns them into the module docstring's numbers on the host.
     A classifier's look is thirteen small operations (it was twenty-three, with the distances taken
-    on the device: issue 23)."""
+    on the device)."""
     row_dim = _row_dim(meta)
     numbers = _extremes(rows, row_dim, meta["function"] in _LOG_INPUTS)
     if meta["target_stats"] and target is not None:

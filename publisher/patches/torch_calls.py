@@ -66,7 +66,7 @@ LOOK_EVERY = 16
 #: :data:`LOOK_EVERY` calls, looks come further apart, as the Monitor's other measurements do
 #: (:mod:`publisher.measure.budget`). On a CPU a look of a ~1 ms MLP's loss cost the step worker
 #: ~0.27 ms (~17 us a step once in 16), and the step worker's Python is paid by the training
-#: thread about twice over, in waits for the GIL (issue 23, ``benchmarks/gil_share.py``).
+#: thread about twice over, in waits for the GIL (``benchmarks/gil_share.py``).
 LOOK_BUDGET = 0.0025
 #: Looks a watch keeps until its owner takes them.
 _KEPT_LOOKS = 1024
@@ -109,7 +109,8 @@ class CallWatch:
         #: Looks not yet taken (a Monitor that stopped stepping drops the oldest, not the memory).
         self.pending: deque[PendingLook] = deque(maxlen=_KEPT_LOOKS)
         #: Whether :attr:`pending` holds any: the Monitor's test at every step, an attribute of this
-        #: object rather than the deque's length (in place, each object touched costs: issue 23).
+        #: object rather than the deque's length (in place, each object touched costs:
+        #: ``benchmarks/step_floor.py``).
         self.waiting = False
 
     def take_clips_without_gradients(self) -> int:

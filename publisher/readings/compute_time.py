@@ -16,7 +16,7 @@ last one registered (usually the output layer's, whose gradient comes first) and
 (should the last get no gradient). Queued that early, it runs before DDP's own callback, which
 waits for the all-reduce, so the wait is left out. A hook on every parameter would cost a call into
 Python per parameter tensor and per backward, growing with the model (about 3.4 us a tensor on
-this project's 2-core machine: 320 us a step for 98 tensors; issue 23); a hook removed later still
+this project's 2-core machine: 320 us a step for 98 tensors: docs/benchmarks.md); a hook removed later still
 costs about 1.1 us a tensor, since torch keeps the C++ hook that walks the emptied hook dict.
 Any number of these hooks may be registered and DDP's reducer is left alone; a DDP communication
 hook, by contrast, can be registered only once (``DistributedDataParallel.register_comm_hook``),
@@ -38,10 +38,10 @@ devices, get no hooks and no ``compute_time``. A collective inside the forward (
 broadcast, FSDP's all-gathers) counts as compute.
 
 A CUDA event costs the host about 13 us from Python (measured on an H200 host: creating and
-recording one), two a step: on a ~1.5 ms step that alone was a fifth of issue 23's budget for the
+recording one), two a step: on a ~1.5 ms step that alone was a fifth of the Monitor's whole budget for the
 whole Monitor. On the host a mark is a clock read, but the end-of-pass callback that takes it is a
 call queued on the autograd engine, from Python and back: 1.8 us a backward on warm caches on this
-project's 2-core machine, more inside a real step (not resolved there: issue 23). So a step is
+project's 2-core machine, more inside a real step (not resolved there: docs/benchmarks.md). So a step is
 timed at most every :data:`TIMED_EVERY_S` on either clock (the steps between report none, and their
 hooks return at once): the relay sends each rank's latest figure twice a second, and a straggler
 is judged on the median of several, so 20 timed steps a second lose nothing.
@@ -156,7 +156,7 @@ class ComputeTimer:
         self._on_error = on_error
         self._marks: Marks | None = None
         #: The marks' ``host_clock`` and ``every_s``, kept here: :meth:`take` reads them on every
-        #: step, in place, where each object touched costs (issue 23).
+        #: step, in place, where each object touched costs (``benchmarks/step_floor.py``).
         self._host_clock = False
         self._every_s = 0.0
         self._handles: dict[int, RemovableHandle] = {}

@@ -76,7 +76,7 @@ class CpuWait:
         while the thread is the same and has run since the previous reading. Opening a ``/proc``
         file costs ten times the read (24 against 2 us here), and each of the three system calls
         hands the GIL to the training thread and back: read by the step worker, ~160 us a reading
-        on this project's 2-core machine, ~30 us kept open (issue 23). A file kept open goes on
+        on this project's 2-core machine, ~30 us kept open (docs/benchmarks.md). A file kept open goes on
         reading an ended thread, frozen: a thread that has not run is looked up anew, which raises
         FileNotFoundError once it has ended (and finds the new thread where its id was reused)."""
         kept = self._file

@@ -6,7 +6,7 @@ Reading a CUDA scalar (``.item()``) waits for the GPU; so a number on the CPU is
 compute time's marks, memory) is kept raw and turned into metrics by the step worker
 (:mod:`publisher.completion`): on the training thread, each call and each object touched costs
 microseconds, since the step's kernels have just evicted the monitor's code and data from the
-caches (issue 23's measurements: an empty Python call there takes ~3 us on a 2-core machine).
+caches (``benchmarks/step_floor.py``: an empty Python call there takes ~3 us on a 2-core machine).
 """
 
 from __future__ import annotations

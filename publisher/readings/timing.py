@@ -29,7 +29,7 @@ class StepTimer:
     cost budgets read) and :attr:`last_time` follow the steps one hand-off later (at most
     :data:`~publisher.wire.transport.HANDOFF_S`). Why not on the training thread: there, between
     training steps whose kernels have evicted the caches, keeping the clock cost ~3 us a step on a
-    48-layer model (``benchmarks/step_floor.py``; issue 23 asks for at most 15 us in all).
+    48-layer model (``benchmarks/step_floor.py``; the target is at most 15 us in all).
     """
 
     def __init__(self) -> None:

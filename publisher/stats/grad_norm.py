@@ -141,7 +141,7 @@ class BudgetedGradNorm:
         anyway, as with a loss on a GPU), and space the next one accordingly. A step that carries
         the norm takes the Monitor's full path where the others take its quiet one
         (``Monitor.step``): on a ~1 ms CPU step that costs about as much again as the norm itself,
-        and a budget that counted the norm alone spent twice its share (issue 23)."""
+        and a budget that counted the norm alone spent twice its share (docs/benchmarks.md)."""
         cost, self._unsettled = self._unsettled, None
         if cost is None:
             return

@@ -5,7 +5,7 @@ never blocks), and one thread of this class, every :data:`~publisher.wire.transp
 encodes what is queued as one JSON array (orjson, one C call) and sends it to the publisher's
 process (:mod:`publisher.wire.sidecar`) in one ZeroMQ frame. Numbering, encoding each message,
 sending, recording, snapshots and heartbeats, the Python that a sender thread ran for every
-message while holding the training process's GIL, happen there (issue 23: ~30 µs a step at ~1 ms
+message while holding the training process's GIL, happen there (docs/benchmarks.md: ~30 µs a step at ~1 ms
 steps on a CPU, paid again by the training thread in waits for the GIL).
 
 It takes the arguments of :class:`~publisher.wire.transport.Publisher` that a Monitor uses and

@@ -71,7 +71,8 @@ _ENDPOINT_EXAMPLES = (
 #: late: the sleep ends at its time; close() wakes both at once). Each wake costs CPU (90-210 µs a
 #: sleep in the sandboxed kernel measured) and each batch refills caches the training step evicted:
 #: at 50 ms the worker's and the sender's CPU per step were 25-50 % higher than at 100 ms on the
-#: three models of benchmarks/cost_split.py (alternating runs, issue 23), and 200 ms saved little more.
+#: three models of benchmarks/cost_split.py (alternating runs, docs/benchmarks.md), and 200 ms saved
+#: little more.
 HANDOFF_S = 0.1
 #: Messages sent between two looks at the snapshot socket, so a burst cannot starve late joiners.
 _BATCH = 1_000

@@ -373,7 +373,7 @@ def check_message(message: Mapping[str, Any]) -> None:
     The envelope as publishers write it (names, 64-bit counters, a float time) passes one
     expression; anything else goes through the field-by-field checks, which name the field in
     error. A viewer runs this for every message it receives (50,000 a second under load), and
-    its checks were the larger part of the receiver's time (issue 24).
+    its checks were the larger part of the receiver's time (``benchmarks/ingest.py``).
     """
     get = message.get
     run, host, rank, seq, ts = get("run"), get("host"), get("rank"), get("seq"), get("ts")

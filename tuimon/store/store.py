@@ -307,7 +307,7 @@ class Store(Sink):
                 self._relays[message["run"]] = message
                 self._source_version = self._next()
             return
-        # Known runs and ranks without a call: this runs for every message (issue 24).
+        # Known runs and ranks without a call: this runs for every message (``benchmarks/ingest.py``).
         run = self._runs.get(message["run"]) or self._run(message["run"])
         if run is not None and msg_type == "summary":  # a node's ranks in one message
             self._on_summary(run, message)
