@@ -13,26 +13,21 @@ printed as a table (``pytest -s``, and in failure messages): once with every cos
 once for the mid-run faults on steps of 10 ms or more with the Monitor's default budgets, where
 the targets must hold. By hand: ``python tests/faults/_harness.py --table [--defaults]``.
 
-To keep the suite short on two cores, one process runs all the single-process scripts one after
-the other and one pair of gloo processes runs all the 2-process ones (Python and torch start
-once per process, not once per script).
+To keep the suite short on two cores, two processes run the single-process scripts one after the
+other, side by side, then one pair of gloo processes runs all the 2-process ones (Python and torch
+start once per process, not once per script).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.fault_batches import FAULTS, h, harness_env, run_batches
 
 from publisher.wire.event_kinds import EVENT_KINDS
-
-FAULTS = Path(__file__).resolve().parent / "faults"
-sys.path.insert(0, str(FAULTS))
-
-import _harness as h  # noqa: E402  (the scripts import it by this name too)
 
 SCRIPTS = sorted(p.stem for p in FAULTS.glob("*.py") if p.stem.startswith(("fault_", "healthy_")))
 FAULT_CASES = [name for name in SCRIPTS if name.startswith("fault_")]
@@ -42,30 +37,17 @@ PACED_MID_RUN = [name for name in FAULT_CASES
                  if h._load(name).trigger > 0 and (h._load(name).step_s or 0.0) >= 0.01]
 
 
-def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "TUIMON_RUNTIME_DIR": str(tmp / "runtime"), "PYTHONUNBUFFERED": "1"}
-
-
-def _run_batch(out: Path, names: list[str], *options: str, timeout: float) -> Path:
-    done = subprocess.run(
-        [sys.executable, str(FAULTS / "_harness.py"), "--record-dir", str(out), *options, *names],
-        capture_output=True, text=True, timeout=timeout, env=_env(out), cwd=FAULTS,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
-
-
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run every script once, in subprocesses; returns the folder of their recordings."""
-    return _run_batch(tmp_path_factory.mktemp("faults"), SCRIPTS, timeout=170)
+    return run_batches(tmp_path_factory.mktemp("faults"), SCRIPTS, timeout=170)
 
 
 @pytest.fixture(scope="module")
 def defaults_suite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The mid-run faults on steps of 10 ms or more again, on the Monitor's default budgets (no
     pinned sampling budgets, memory every 0.1 s): their recordings' folder and delay table."""
-    out = _run_batch(tmp_path_factory.mktemp("faults-defaults"), PACED_MID_RUN, "--defaults", timeout=120)
+    out = run_batches(tmp_path_factory.mktemp("faults-defaults"), PACED_MID_RUN, "--defaults", timeout=120)
     table, _ = h.tabulate(PACED_MID_RUN, out, defaults=True)
     print("\n" + table)
     return out, table
@@ -191,7 +173,7 @@ def tuimon_run(tmp_path: Path, script: str, *options: str) -> list[h.Recording]:
     done = subprocess.run(
         [sys.executable, "-m", "tuimon.cli", "run", "--run", script, "--record", str(prefix), "--gpu", "none",
          *options, "--", sys.executable, str(FAULTS / f"{script}.py"), "--plain"],
-        capture_output=True, text=True, timeout=120, env=_env(tmp_path),
+        capture_output=True, text=True, timeout=120, env=harness_env(tmp_path),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     paths = sorted(prefix.parent.glob("run.rank*.jsonl"))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.fault_batches import FAULTS, h, run_batches
 from helpers.recordings import of_type, read_messages
 from torch import nn
 
@@ -28,24 +29,29 @@ from publisher.measure.budget import StepClock
 from publisher.monitor import Monitor
 from publisher.wire.event_kinds import EVENT_KINDS
 
-FAULTS = Path(__file__).resolve().parent / "faults"
-sys.path.insert(0, str(FAULTS))
 
-import _harness as h  # noqa: E402  (the scripts import it by this name too)
-
-
-def _cases(prefix: str) -> list:
-    """The single-process scripts that may share this process: not those that measure the process's
-    memory (``own_process``), which test_faults runs each in a process of its own."""
+def _cases(prefix: str) -> list[h.Case]:
+    """The single-process scripts: not those that measure the process's memory (``own_process``),
+    which test_faults runs each in a process of its own."""
     modules = sorted(p.stem for p in FAULTS.glob(f"{prefix}_*.py"))
     cases = [importlib.import_module(name).CASE for name in modules]
-    shared = [case for case in cases if case.world_size == 1 and not case.own_process]
-    return [pytest.param(case, id=case.name) for case in shared]
+    return [case for case in cases if case.world_size == 1 and not case.own_process]
 
 
-@pytest.mark.parametrize("case", _cases("fault"))
-def test_fault_is_detected_soon_after_its_trigger_without_the_model(case: h.Case) -> None:
-    recordings = h.run_case(case, model_known=False)
+FAULT_CASES, HEALTHY_CASES = _cases("fault"), _cases("healthy")
+
+
+@pytest.fixture(scope="module")
+def without_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every one of them run once without the model given, in subprocesses; their recordings' folder."""
+    names = [case.name for case in FAULT_CASES + HEALTHY_CASES]
+    return run_batches(tmp_path_factory.mktemp("no-model"), names, "--no-model", timeout=170)
+
+
+@pytest.mark.parametrize("case", FAULT_CASES, ids=lambda case: case.name)
+def test_fault_is_detected_soon_after_its_trigger_without_the_model(case: h.Case,
+                                                                   without_model: Path) -> None:
+    recordings = h.recordings_of(case.name, 1, without_model)
     verdict = h.judge(case, recordings)
     assert verdict.passed, verdict.problems
     for kind in case.expect:
@@ -54,9 +60,9 @@ def test_fault_is_detected_soon_after_its_trigger_without_the_model(case: h.Case
         assert event["message"] and isinstance(event["details"], dict)
 
 
-@pytest.mark.parametrize("case", _cases("healthy"))
-def test_healthy_run_raises_no_alarm_without_the_model(case: h.Case) -> None:
-    recordings = h.run_case(case, model_known=False)
+@pytest.mark.parametrize("case", HEALTHY_CASES, ids=lambda case: case.name)
+def test_healthy_run_raises_no_alarm_without_the_model(case: h.Case, without_model: Path) -> None:
+    recordings = h.recordings_of(case.name, 1, without_model)
     verdict = h.judge(case, recordings)
     assert verdict.passed, verdict.problems
     final = h.final_statuses(recordings[0])

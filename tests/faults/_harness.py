@@ -500,12 +500,20 @@ def main(case: Case) -> int:
 
 
 def run_batch(case_names: Sequence[str], record_dir: Path, defaults: bool = False,
-              model_known: bool = True) -> None:
+              model_known: bool = True, shared: bool = False) -> None:
     """Run scripts one after the other in this process (2-process cases in one gloo pair; an
     ``own_process`` case, among others, in a process of its own), each recording into
-    ``record_dir``; a case that crashes leaves ``<name>.error`` with its traceback."""
-    single = [n for n in case_names if _load(n).world_size == 1]
+    ``record_dir``; a case that crashes leaves ``<name>.error`` with its traceback.
+
+    ``shared``: other processes work through the same list into the same folder; each one-process
+    script is run by the first process to claim it (a file created once), so that the processes
+    share the work as it comes, however long each script takes."""
+    # The longest first (a process of their own, then paced steps), so that sharing ends even.
+    single = sorted((n for n in case_names if _load(n).world_size == 1),
+                    key=lambda n: (not _load(n).own_process, _load(n).step_s is None))
     for name in single:
+        if shared and _taken(name, record_dir):
+            continue
         if _load(name).own_process and len(case_names) > 1:
             error = _spawn([name], record_dir, defaults, model_known)
             if error:
@@ -523,6 +531,15 @@ def run_batch(case_names: Sequence[str], record_dir: Path, defaults: bool = Fals
         except Exception:
             for name in group:
                 (record_dir / f"{name}.error").write_text(traceback.format_exc())
+
+
+def _taken(name: str, record_dir: Path) -> bool:
+    """Claim ``name`` for this process: False the first time any process asks, True after."""
+    try:
+        (record_dir / f"{name}.claim").touch(exist_ok=False)
+    except FileExistsError:
+        return True
+    return False
 
 
 def _spawn(case_names: Sequence[str], record_dir: Path, defaults: bool, model_known: bool) -> str:
@@ -856,13 +873,17 @@ def _cli(argv: Sequence[str]) -> int:
     parser.add_argument("--table", action="store_true", help="print the detection-delay table")
     parser.add_argument("--defaults", action="store_true",
                         help="the Monitor's default budgets instead of the pinned ones")
+    parser.add_argument("--shared", action="store_true",
+                        help="other processes run the same scripts into the same --record-dir: each "
+                        "one-process script is run by the first to claim it")
     parser.add_argument("--no-model", action="store_true",
                         help="the Monitor is not given the model (it finds it at a forward)")
     args = parser.parse_args(argv)
     if not args.table:
         if args.record_dir is None:
             parser.error("--record-dir is needed without --table")
-        run_batch(args.names, args.record_dir, args.defaults, model_known=not args.no_model)
+        run_batch(args.names, args.record_dir, args.defaults, model_known=not args.no_model,
+                  shared=args.shared)
         return 0
     names = args.names or fault_names()
     with tempfile.TemporaryDirectory(prefix="tuimon-faults-") as tmp:

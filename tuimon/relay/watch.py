@@ -241,8 +241,9 @@ class JobWatch:
         stepping = {n: r for n, r in heard.items() if r.step is not None}
         verdicts = {n: self._verdict(r, now) for n, r in stepping.items()}
         stalled = {n: v for n, v in verdicts.items() if v.stalled}
-        if not stalled or any(_placeless(r, verdicts[n]) for n, r in stepping.items()):
-            return []  # where some rank is will tell who waits for whom
+        if not stalled or any(_placeless(r, verdicts[n]) or _closing_in(verdicts[n])
+                              for n, r in stepping.items()):
+            return []  # where some rank is, or whether it steps again, will tell who waits for whom
         waiting = sorted(n for n, v in stalled.items() if v.state == WAITING)
         whole_job = len(stalled) == len(stepping)
         findings = []
@@ -340,6 +341,14 @@ def _placeless(rank: _Rank, verdict: Stall) -> bool:
     heartbeats carry ``stalled_s`` but no stack, and :data:`STACK_GRACE_S` has not passed."""
     return (verdict.stalled and not verdict.stack and "stalled_s" in rank.beat
             and verdict.stalled_s < verdict.threshold_s + STACK_GRACE_S)
+
+
+def _closing_in(verdict: Stall) -> bool:
+    """Whether a rank not yet stalled will be within :data:`STACK_GRACE_S` if it does not step: the
+    ranks of a job stop together, but each node's summary brings their beats up at its own moment,
+    so one node's ranks cross their thresholds a summary later than another's. Judged before they
+    do, the first verdict would list only the waiting ranks of the faster node."""
+    return not verdict.stalled and verdict.stalled_s >= verdict.threshold_s - STACK_GRACE_S
 
 
 def _stall_details(number: int, rank: _Rank, verdict: Stall) -> dict[str, Any]:
