@@ -43,6 +43,7 @@ from publisher.measure.budget import QuietPart
 from publisher.measure.fetch import DeviceFetch
 from publisher.nonfinite.guard import GuardSettings, NonFiniteGuard
 from publisher.patches import torch_calls
+from publisher.readings import sysinfo
 from publisher.readings.batches import BatchPrint, LoaderBook, LoaderPasses
 from publisher.readings.compute_time import ComputeTimer
 from publisher.readings.identity import default_rank, default_run_name, default_world_size
@@ -159,6 +160,9 @@ class Monitor:
         self.run = run or default_run_name()
         self.rank = default_rank() if rank is None else rank
         self.world_size = default_world_size() if world_size is None else world_size
+        # One seed for run_start, every event's replay record and the repro bundles: torch's own
+        # where none is given.
+        seed = sysinfo.torch_seed() if seed is None else seed
         guard_settings = GuardSettings(on_nonfinite, self.run, self.rank,
                                        None if record is None else Path(record), seed, bool(repro_weights))
         self._closed = False
@@ -172,15 +176,24 @@ class Monitor:
         #: The number of the last step of the quiet run planned last (-1: none).
         self._quiet_last = -1
         self._loss_on_device = False
+        stats_config = StatsConfig() if stats is True else stats or None
         self._parts = MonitorParts(
             run=self.run, rank=self.rank, world_size=self.world_size, params=self._params,
             timer=self._timer, compute=self._compute, memory=memory, errors=self._errors,
             current_step=lambda: self._step,
             config=config, seed=seed, endpoint=endpoint, record=record, gpu=gpu, gpu_interval=gpu_interval,
             detectors=detectors,
-            stats=StatsConfig() if stats is True else stats or None,
+            stats=stats_config,
             invariants=InvariantConfig() if invariants is True else invariants or None,
             hang_after_s=hang_after_s,
+            monitoring={
+                "on_nonfinite": on_nonfinite, "grad_norm_budget": grad_norm_budget,
+                "detectors": detectors if isinstance(detectors, bool) else "custom",
+                "stats_budget": stats_config.budget if stats_config is not None else None,
+                "invariants": bool(invariants), "hang_after_s": hang_after_s,
+                "repeated_batches": bool(repeated_batches), "memory_interval_s": memory_interval_s,
+                "gpu": gpu,
+            },
         )
         self._reporter = self._parts.reporter
         self._context = self._reporter.detectors.context

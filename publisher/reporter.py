@@ -98,10 +98,11 @@ class Reporter:
         self.detectors = DetectorSet(detectors, self._emit_event, rank=rank, errors=errors)
 
     def announce(self, run: str, rank: int, world_size: int, model: torch.nn.Module | None,
-                 config: Mapping[str, Any] | None, seed: int | None) -> None:
-        """Send ``run_start``; keep what every later event carries to reproduce its step."""
-        if seed is None:
-            seed = sysinfo.torch_seed()
+                 config: Mapping[str, Any] | None, seed: int | None,
+                 monitoring: Mapping[str, Any] | None = None) -> None:
+        """Send ``run_start``; keep what every later event carries to reproduce its step.
+        ``monitoring``: the Monitor's own options (``tuimon diff`` compares them as it does the
+        command line)."""
         repro = sysinfo.reproduction_record(config, seed)
         self.publish(
             "run_start",
@@ -116,6 +117,7 @@ class Reporter:
             gpu_source=self._gpu.kind if self._gpu else "none",
             repro=repro,
             model=describe_model(model),
+            monitoring=json_safe(dict(monitoring or {})),
         )
         self._replay = replay_record(run, rank, seed, repro)
 

@@ -86,6 +86,7 @@ class MonitorParts:
         stats: StatsConfig | None,
         invariants: InvariantConfig | None,
         hang_after_s: float | None = None,
+        monitoring: Mapping[str, Any] | None = None,
     ) -> None:
         # Checks its setting; its thread starts once everything else is built.
         self.watchdog = HangWatchdog(timer, after_s=hang_after_s, world_size=world_size,
@@ -113,7 +114,7 @@ class MonitorParts:
         self.completion = StepCompletion(timer, compute, memory, lambda: self.watchdog.thread_id, errors)
         self.worker: StepWorker[StepReadings | QuietStep] = StepWorker(self._finish_step,
                                                                        self.publisher.count_drop)
-        self.reporter.announce(run, rank, world_size, params.model, config, seed)
+        self.reporter.announce(run, rank, world_size, params.model, config, seed, monitoring)
         errors.report_to(self.reporter.tell_failure)  # after run_start: a viewer knows the run
         watched = params.model is not None or bool(params.optimizers)
         self.layers: LayerSampler | None = None

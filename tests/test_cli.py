@@ -43,9 +43,41 @@ def test_watch_with_a_bad_endpoint_says_so_in_one_line() -> None:
     assert_one_line_error(result, "bad endpoint 'bad::endpoint'", "e.g. tcp://127.0.0.1:5555")
 
 
-def test_replay_of_a_missing_file_says_so_in_one_line(tmp_path: Path) -> None:
-    result = run_cli("replay", str(tmp_path / "gone.jsonl"))
-    assert_one_line_error(result, f"cannot read recording {tmp_path / 'gone.jsonl'}")
+def test_replay_of_a_missing_file_says_what_was_looked_for_in_one_line(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    assert_one_line_error(run_cli("replay", str(gone)),
+                          f"no recording {gone}: no such file, no {gone}.rank*.jsonl")
+
+
+def test_replay_takes_a_file_a_record_prefix_or_a_folder(recording: Path) -> None:
+    """The three ways a recording is named, the same in every command (tuimon.sources.recording_files)."""
+    from tuimon.sources.replay import load_recordings
+
+    prefix = recording.parent / "runs" / "exp1"
+    prefix.parent.mkdir()
+    for rank in (0, 1):
+        (prefix.parent / f"exp1.rank{rank}.pid{40 + rank}.jsonl").write_bytes(recording.read_bytes())
+    assert load_recordings([recording]).names == [recording.name]
+    assert load_recordings([prefix]).names == ["exp1.rank0.pid40.jsonl", "exp1.rank1.pid41.jsonl"]
+    assert load_recordings([prefix.parent]).names == ["exp1.rank0.pid40.jsonl", "exp1.rank1.pid41.jsonl"]
+
+
+def test_a_mistyped_option_is_told_with_its_commands_usage() -> None:
+    result = run_cli("watch", "--frobnicate")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: tuimon watch ")
+    assert result.stderr.strip().endswith("tuimon watch: error: unrecognized arguments: --frobnicate")
+
+
+def test_a_missing_repro_bundle_is_said_to_be_missing(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("repro", "show", str(tmp_path / "nope.zip")),
+                          f"cannot read {tmp_path / 'nope.zip'}: No such file or directory")
+
+
+def test_tail_that_hears_nothing_says_so_and_exits_1(tmp_path: Path) -> None:
+    result = run_cli("tail", "127.0.0.1:1", "--for", "1", env={"TUIMON_RUNTIME_DIR": str(tmp_path)})
+    assert result.returncode == 1 and result.stdout == ""
+    assert "nothing heard from 127.0.0.1:1" in result.stderr
 
 
 def test_unknown_theme_says_so_before_the_screen_opens(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -40,10 +41,11 @@ BASE = ("--lr", "0.02", "--seed", "0")
 OTHER = ("--lr", "0.1", "--seed", "1")
 
 
-def train(folder: Path, name: str, *args: str) -> subprocess.Popen[str]:
-    """``tuimon run --record`` the seeded script, as a user would, in a private run registry."""
+def train(folder: Path, name: str, *args: str, options: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    """``tuimon run --record`` the seeded script, as a user would, in a private run registry
+    (``options``: more of ``tuimon run``'s own)."""
     env = {**os.environ, "TUIMON_RUNTIME_DIR": str(folder / "runtime")}
-    command = [*TUIMON, "run", "--run", name, "--record", str(folder / name), "--gpu", "none", "--",
+    command = [*TUIMON, "run", "--run", name, "--record", str(folder / name), "--gpu", "none", *options, "--",
                sys.executable, str(SCRIPTS / "plain_seeded_train.py"), *args]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -51,10 +53,12 @@ def train(folder: Path, name: str, *args: str) -> subprocess.Popen[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Recordings of three runs, trained side by side: ``base``, ``same`` (its settings and seed),
-    ``other`` (another learning rate and seed)."""
+    ``other`` (another learning rate and seed, and ``--on-nonfinite skip``)."""
     folder = tmp_path_factory.mktemp("runs")
     settings = {"base": BASE, "same": BASE, "other": OTHER}
-    trainings = [train(folder, name, "--steps", STEPS, *options) for name, options in settings.items()]
+    trainings = [train(folder, name, "--steps", STEPS, *options,
+                       options=("--on-nonfinite", "skip") if name == "other" else ())
+                 for name, options in settings.items()]
     for training in trainings:
         _, stderr = training.communicate(timeout=300)
         assert training.returncode == 0, stderr
@@ -88,14 +92,16 @@ def test_diff_names_the_learning_rate_and_the_seed_and_where_the_losses_part(
     result = diff(capsys, str(runs / "base"), str(runs / "other"))
     assert result.returncode == 1, result.stderr
     text = result.stdout
-    assert "--lr        0.02 → 0.1" in text and "--seed" in text
-    assert "seed        0    → 1" in text
+    assert re.search(r"--lr +0\.02 +→ 0\.1\n", text) and "--seed" in text
+    assert re.search(r"seed +0 +→ 1\n", text)
+    assert re.search(r"monitoring +on_nonfinite +report +→ skip\n", text)
 
     report = json.loads(diff(capsys, str(runs / "base"), str(runs / "other"), "--json").stdout)
     named = {(d["section"], d["name"]): (d["a"], d["b"]) for d in report["differences"]}
     assert named[("command", "--lr")] == ("0.02", "0.1")
     assert named[("command", "--seed")] == ("0", "1")
     assert named[("seeds", "seed")] == (0, 1)
+    assert named[("monitoring", "on_nonfinite")] == ("report", "skip"), "tuimon's own options too"
     assert not any(section == "command" and name != "--lr" and name != "--seed" for section, name in named)
     assert report["curves"]["lr"]["parted"]["step"] == 1, "the learning rate differs from the first step"
     step = report["curves"]["loss"]["parted"]["step"]

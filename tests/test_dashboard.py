@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import Static
+from textual.widgets._footer import FooterKey
 from textual_plotext import PlotextPlot
 
 from tuimon.sources.live import LiveSource
@@ -87,7 +89,7 @@ async def test_dashboard_shows_a_whole_run(recording: Path) -> None:
             "host testhost",
             "rank 0 │",  # one rank, named as one (a bare "ranks 0" read as "no ranks")
             "step 299",
-            "1299 samples/s",
+            "1289 samples/s (20 steps avg)",
             "SIMULATED GPUs",
             "REPLAY max",
         ):
@@ -320,6 +322,49 @@ async def test_run_key_switches_between_runs(tmp_path: Path) -> None:
         await wait_for_screen(pilot, lambda: "beta" in text(app, "#header"), what="beta again")
 
 
+async def test_a_run_that_starts_while_another_is_shown_is_announced_and_r_shows_it(
+    raw_publisher: RawPublisher,
+) -> None:
+    """Only the "received" count would change otherwise: a notice names the new run and its key."""
+    async with dashboard(LiveSource([raw_publisher.endpoint])) as (app, pilot):
+        raw_publisher.send(raw_publisher.builder.run_start())
+
+        def shown() -> str | None:
+            raw_publisher.metrics(1, 1.0)
+            return app.dashboard.run_name
+
+        await wait_for_screen(pilot, lambda: shown() == "raw", what="the first run")
+        raw_publisher.send_new("run_end", 1, status="completed")
+        raw_publisher.builder = RunBuilder("fresh", t0=time.time())
+        raw_publisher.send(raw_publisher.builder.run_start())
+
+        def announced() -> bool:
+            raw_publisher.metrics(1, 1.0)
+            return any(n.title == "A new run started" and "fresh" in n.message and "r shows it" in n.message
+                       for n in app._notifications)
+
+        await wait_for_screen(pilot, announced, what="the new run announced")
+        assert app.dashboard.run_name == "raw", "announced, not switched to under the reader's eyes"
+        await pilot.press("r")
+        await wait_for_screen(pilot, lambda: "fresh" in text(app, "#header"), what="the new run shown")
+
+
+async def test_at_80_columns_the_footer_shows_whole_keys_and_the_header_one_line(recording: Path) -> None:
+    """Keys that do not fit are left out whole, the help key saying there are more; the header
+    leaves out its least useful fields rather than wrap."""
+    app = TuimonApp(ReplaySource([recording], speed=math.inf))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await played_to_end(app, pilot)
+        await pilot.pause(0.1)
+        keys = [(key.key_display, key.description, key.region) for key in app.screen.query(FooterKey)]
+        shown = {display for display, _, _ in keys}
+        assert {"q", "?", "v", "e", "i", "o", "h"} <= shown, keys
+        assert all(region.right <= 80 for _, _, region in keys), "no key runs past the edge"
+        assert ("?", "More") in {(display, description) for display, description, _ in keys}
+        header = text(app, "#header").splitlines()[0]
+        assert len(header) <= 78 and "SIMULATED GPUs" in header and "■ ENDED" in header, header
+
+
 async def test_help_screen_lists_every_footer_key(recording: Path) -> None:
     async with dashboard(ReplaySource([recording], speed=math.inf)) as (app, pilot):
         shown = [b.binding for b in app.screen.active_bindings.values() if b.binding.show]
@@ -373,6 +418,7 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "i": lambda: isinstance(app.screen, IncidentScreen),
             "o": lambda: isinstance(app.screen, IncidentScreen),
             "h": lambda: isinstance(app.screen, LayerScreen),
+            "j": lambda: "No job view here" in str([n.title for n in app._notifications]),
             "space": lambda: "PAUSED" in text(app, "#header"),
             "plus": lambda: "PAUSED max" not in text(app, "#header"),
             "minus": lambda: "64×" in text(app, "#header"),
@@ -395,6 +441,7 @@ async def test_every_footer_key_does_something(recording: Path) -> None:
             "i",
             "o",
             "h",
+            "j",
             "space",
             "minus",
             "plus",

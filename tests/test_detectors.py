@@ -81,6 +81,25 @@ def test_repeated_finding_is_one_event_whose_count_grows_then_ends_after_quiet_s
     assert events[2][1]["id"] == "3-1" and events[2][1]["count"] == 1, "a new episode has a new id"
 
 
+def test_an_update_keeps_what_set_the_episode_off_and_carries_the_latest_repeat_beside_it() -> None:
+    """An ``inf`` loss (a ``log(0)``) followed by ``nan``s: the event still says ``inf``."""
+    events, emit = collector()
+    tracker = EpisodeTracker(emit, min_update_s=60.0)
+    owner = object()
+    inf = Finding("nonfinite_loss", "loss is inf at step 843", {"value": math.inf})
+    tracker.observe(owner, 843, [inf], quiet_to_close=5)
+    for step in range(844, 1501):
+        tracker.observe(owner, step, [Finding("nonfinite_loss", f"loss is nan at step {step}",
+                                              {"value": math.nan})], quiet_to_close=5)
+    tracker.flush()
+    (_, first), (step, update) = events
+    assert "latest" not in first
+    assert (step, update["count"], update["message"], update["details"]["value"]) == (
+        843, 658, "loss is inf at step 843", "inf")
+    assert update["latest"] == {"step": 1500, "message": "loss is nan at step 1500", "value": "nan"}
+    assert (update["details"]["first_step"], update["details"]["last_step"]) == (843, 1500)
+
+
 def test_updates_are_rate_limited_not_per_step() -> None:
     events, emit = collector()
     tracker = EpisodeTracker(emit, min_update_s=0.05)

@@ -35,7 +35,7 @@ from tuimon.kb.runbooks import RunbookError, parse_runbook
 from tuimon.sink import Batch
 from tuimon.store import Store
 from tuimon.ui.dashboard.gpu import find_outliers, render_device
-from tuimon.ui.dashboard.header import connection
+from tuimon.ui.dashboard.header import health
 from tuimon.ui.event_detail import context_table, detail_lines
 from tuimon.ui.format import bar, duration, number, spark
 
@@ -128,7 +128,7 @@ def test_whatever_decodes_is_applied_and_shown_without_an_error(candidates: list
     for run in store.run_names():
         view = store.run_view(run)
         assert view is not None
-        connection(view, store.source_status(), store.now())
+        health(view, store.source_status(), store.now())
         devices = store.devices(run)
         find_outliers(devices)
         for device_view in devices:

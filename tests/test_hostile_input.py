@@ -308,7 +308,7 @@ def test_an_import_folder_with_bad_files_imports_the_good_ones(tmp_path: Path) -
     assert done.returncode == 1 and "Traceback" not in err, err
     problems = [line for line in (out + err).splitlines() if "-deep.md:" in line or "-number.md:" in line]
     assert len(problems) == 2, out + err
-    assert "good one" in _cli("list", kb=tmp_path / "kb").stdout.decode()
+    assert "loss_spike at step 5, run r" in _cli("list", kb=tmp_path / "kb").stdout.decode()
 
 
 def test_evidence_nested_beyond_the_bound_is_refused_at_import(tmp_path: Path) -> None:

@@ -146,11 +146,12 @@ def test_open_from_a_recording_on_the_command_line(tmp_path: Path) -> None:
             kb=tmp_path / "kb",
         ).stdout
     )
-    assert created["title"] == "nonfinite_loss at step 100: loss is nan"
+    assert created["title"] == "nonfinite_loss at step 100, run r", "short: the message is in the timeline"
     assert (created["severity"], created["kinds"], created["run"]) == ("critical", ["nonfinite_loss"], "r")
     shown = json.loads(_tuimon("show", str(created["id"])[:8], "--json", kb=tmp_path / "kb").stdout)
     [metrics] = [c for c in shown["context"] if c["kind"] == "metrics"]
     assert metrics["data"]["steps"] == list(range(95, 106))
+    assert any("loss is nan" in entry["text"] for entry in shown["timeline"] if entry["type"] == "event")
 
 
 def test_errors_are_one_line_and_kb_comes_from_the_environment(tmp_path: Path) -> None:

@@ -132,8 +132,9 @@ def test_open_from_event_captures_the_evidence(kb: KnowledgeBase) -> None:
     assert (incident.run, incident.host, incident.ranks) == ("gpt-small", "node7", (0,))
     assert (incident.step_first, incident.step_last) == (1200, 1200)
     assert incident.severity == "warning"
-    assert incident.title.startswith("loss_spike at step 1200: loss 5.1")
+    assert incident.title == "loss_spike at step 1200, run gpt-small", "short: kind, step, run"
     [entry] = kb.timeline(incident.number)
+    assert entry.text.startswith("loss 5.1"), "the message is in the timeline"
     assert entry.type == "event" and entry.data["details"] == {"loss": 5.1, "mean": 2.2}
     assert entry.time == "2023-11-14T22:13:20.250Z"  # when the event fired, not when it was attached
     context = {record.kind: record.data for record in kb.context(incident.number)}

@@ -105,7 +105,7 @@ def test_round_trip_gives_identical_files(source: KnowledgeBase, tmp_path: Path)
     first_export = tmp_path / "export1"
     report = source.export(first_export)
     assert [p.name for p in report.written] == [
-        "0001-nonfinite-loss-at-step-500-loss-is-nan.md",
+        "0001-nonfinite-loss-at-step-500-run-gpt-small.md",
         "0002-blank-nothing-recorded-yet-check-later.md",
     ]
     with KnowledgeBase.open(tmp_path / "empty", author="bob") as target:
@@ -124,7 +124,7 @@ def test_round_trip_gives_identical_files(source: KnowledgeBase, tmp_path: Path)
 
 def test_export_contains_every_part_and_parses(source: KnowledgeBase, tmp_path: Path) -> None:
     source.export(tmp_path / "out")
-    text = (tmp_path / "out" / "0001-nonfinite-loss-at-step-500-loss-is-nan.md").read_text()
+    text = (tmp_path / "out" / "0001-nonfinite-loss-at-step-500-run-gpt-small.md").read_text()
     tokens = markdown_parser().parse(text)
     sections = [
         tokens[i + 1].content
@@ -206,9 +206,9 @@ def test_renamed_incident_replaces_its_file(source: KnowledgeBase, tmp_path: Pat
     report = source.export(out)
     assert [p.name for p in report.written] == ["0002-renamed.md"]
     assert [p.name for p in report.removed] == ["0002-blank-nothing-recorded-yet-check-later.md"]
-    assert [p.name for p in report.unchanged] == ["0001-nonfinite-loss-at-step-500-loss-is-nan.md"]
+    assert [p.name for p in report.unchanged] == ["0001-nonfinite-loss-at-step-500-run-gpt-small.md"]
     assert sorted(p.name for p in out.iterdir()) == [
-        "0001-nonfinite-loss-at-step-500-loss-is-nan.md",
+        "0001-nonfinite-loss-at-step-500-run-gpt-small.md",
         "0002-renamed.md",
     ]
 

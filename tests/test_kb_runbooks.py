@@ -72,6 +72,27 @@ def test_shipped_runbook_is_complete(path: Path) -> None:
     assert ids[0] == "check-1" and "cause-1-verify" in ids and ids[-1].startswith("record-")
 
 
+def test_every_shipped_runbook_step_reads_as_rendered_markdown_in_the_app() -> None:
+    """The checklist shows ``**before**`` in bold, `code` in the accent, and no Markdown syntax."""
+    from tuimon.ui.incidents.format import inline_markdown
+
+    steps = [step for book in load_runbooks([SHIPPED]).runbooks.values() for step in book.steps()]
+    emphasised = 0
+    for step in steps:
+        shown = inline_markdown(step.text)
+        prose = list(shown.plain)  # the text outside code spans, where Markdown syntax would show
+        for span in shown.spans:
+            if span.style == "$accent":
+                prose[span.start:span.end] = " " * (span.end - span.start)
+        assert "**" not in "".join(prose) and "`" not in shown.plain, (step.id, shown.plain)
+        emphasised += any(span.style == "bold" for span in shown.spans)
+    assert emphasised >= 3, "nonfinite_loss, nonfinite_param and grad_explosion stress a word"
+    before = inline_markdown("keep the checkpoint written **before** the `nonfinite_loss` step")
+    assert before.plain == "keep the checkpoint written before the nonfinite_loss step"
+    assert [(before.plain[span.start:span.end], span.style) for span in before.spans] == [
+        ("before", "bold"), ("nonfinite_loss", "$accent")]
+
+
 @pytest.mark.parametrize(
     ("broken", "line", "message"),
     [

@@ -38,16 +38,17 @@ def shown_step(player: ReplaySource, run: str = "synthetic") -> int | None:
     return view.step if view else None
 
 
-def test_missing_file_is_a_user_error_naming_it(tmp_path: Path) -> None:
+def test_missing_file_is_a_user_error_naming_it_and_what_was_looked_for(tmp_path: Path) -> None:
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(UserError) as error:
         load_recordings([missing])
-    assert str(missing) in str(error.value) and "No such file" in str(error.value)
-    assert "--record" in str(error.value)
+    assert str(error.value).startswith(f"no recording {missing}: no such file, no {missing}.rank*.jsonl")
+    assert "(what `--record" in str(error.value) and "nor a folder of .jsonl files" in str(error.value)
 
 
-def test_a_folder_is_not_a_recording(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="cannot read recording"):
+def test_a_folder_without_recordings_is_not_a_recording(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a recording")
+    with pytest.raises(UserError, match=r"nor a folder of \.jsonl files"):
         load_recordings([tmp_path])
 
 

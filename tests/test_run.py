@@ -11,8 +11,10 @@ from helpers.cli import SCRIPTS, TUIMON, tuimon_run_command
 from helpers.recordings import of_type, read_messages
 
 
-def tuimon_run(tmp_path: Path, *script_args: str, run: str = "plain", script: str = "plain_train.py"):
-    return tuimon_run_command(tmp_path, [sys.executable, str(SCRIPTS / script), *script_args], run=run)
+def tuimon_run(tmp_path: Path, *script_args: str, run: str = "plain", script: str = "plain_train.py",
+               options: tuple[str, ...] = ()):
+    return tuimon_run_command(tmp_path, [sys.executable, str(SCRIPTS / script), *script_args], run=run,
+                              options=options)
 
 
 def test_plain_script_is_monitored_without_code_change(tmp_path: Path) -> None:
@@ -109,7 +111,8 @@ def test_a_python_without_tuimon_runs_unmonitored_and_is_told_how_to_fix_it(tmp_
     other = tmp_path / "other" / "bin" / "python"
     result, recordings = tuimon_run_command(tmp_path, [str(other), "-c", "print('trained')"], run="other")
     assert result.returncode == 0 and result.stdout == "trained\n" and recordings == []
-    (line,) = result.stderr.splitlines()
+    line, summary = result.stderr.splitlines()
+    assert "without starting a publisher" in summary
     assert line.startswith(f"tuimon: not monitoring this process: {other} cannot import tuimon's publisher")
     root = Path(__file__).resolve().parents[1]
     assert line.endswith(f"run the program with {sys.executable}, or install tuimon into its environment: "
@@ -123,3 +126,39 @@ def test_missing_command_is_a_one_line_error(tmp_path: Path) -> None:
         result.stderr.strip() == "tuimon: error: command not found: 'no-such-program-xyz' "
         "(check the name or give its full path)"
     )
+
+
+def test_the_run_says_how_it_ended_and_fail_on_makes_a_critical_event_an_exit_status(tmp_path: Path) -> None:
+    """A script with a learning rate made 100x too large at step 150 and a ``-log(softmax)`` that
+    reaches ``log(0)``: it exits 0 on non-finite weights, as such scripts do. ``tuimon run`` says
+    the steps, the events by severity with the first critical one, where the recording and the
+    repro bundle went and how to replay it; ``--fail-on critical`` turns that into exit status 3."""
+    from tuimon.commands.run import FAILED_ON_EVENTS
+    from tuimon.sources.replay import load_recordings
+
+    result, recordings = tuimon_run(tmp_path, script="plain_lr_jump_log0.py", run="lrjump",
+                                    options=("--fail-on", "critical"))
+    assert result.returncode == FAILED_ON_EVENTS, result.stderr
+    said = [line.removeprefix("tuimon: ") for line in result.stderr.splitlines()
+            if line.startswith("tuimon: ")]
+    assert said[0].startswith("run lrjump ended (exit status 0) after 300 steps in"), said
+    [events] = [line for line in said if line.startswith("events: ")]
+    assert "critical" in events, said
+    [first] = [line for line in said if line.startswith("  the first critical: ")]
+    messages = read_messages(recordings[0])
+    criticals = [m for m in of_type(messages, "event") if m["severity"] == "critical"]
+    earliest = min(criticals, key=lambda m: m["step"])
+    assert f"{earliest['kind']} at step {earliest['step']:,} on rank 0: " in first, (first, earliest)
+    prefix = str(tmp_path / "rec" / "exp")
+    assert f"recording: {recordings[0]}" in said and f"  replay it: tuimon replay {prefix}" in said, said
+    bundles = [line.split()[-1] for line in said if line.startswith("repro bundle: tuimon repro show ")]
+    assert bundles and all(Path(bundle).is_file() for bundle in bundles), said
+    assert said[-1].startswith(f"exit status {FAILED_ON_EVENTS}: the run raised a critical event"), said
+    assert load_recordings([prefix]).names == [recordings[0].name], "replay takes the prefix named"
+
+
+def test_a_command_that_never_trains_is_said_to_have_started_no_publisher(tmp_path: Path) -> None:
+    result, recordings = tuimon_run_command(tmp_path, [sys.executable, "-c", "print('hello')"], run="none",
+                                            options=("--fail-on", "warning"))
+    assert result.returncode == 0 and recordings == []
+    assert "without starting a publisher" in result.stderr, result.stderr

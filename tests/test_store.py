@@ -22,23 +22,66 @@ class Clock:
         return self.now
 
 
-def test_event_update_replaces_the_episode_in_place() -> None:
+def test_event_update_replaces_the_episode_in_place_and_keeps_what_set_it_off() -> None:
     store = Store()
     run = RunBuilder("r")
     store.deliver(Batch([
         run.run_start(),
-        run.event(10, "0-1", "loss_spike", "warning", "first", count=1, value=5.0),
+        run.event(843, "0-1", "nonfinite_loss", "warning", "loss is inf at step 843", count=1, value="inf"),
         run.event(12, "0-2", "gpu_throttle", "warning", "hot"),
     ]))
     first_seen = store.events("r")[0].first_ts
     run.ts += 5
-    store.deliver(Batch([run.event(10, "0-1", "loss_spike", "critical", "again", count=3, value=9.0)]))
+    update = run.event(843, "0-1", "nonfinite_loss", "critical", "loss is inf at step 843", count=3,
+                       value="inf")
+    update["latest"] = {"step": 1500, "message": "loss is nan at step 1500", "value": "nan"}
+    store.deliver(Batch([update]))
 
     events = store.events("r")
     assert [e.id for e in events] == ["0-1", "0-2"]  # the episode keeps its place
-    assert (events[0].count, events[0].severity, events[0].message) == (3, "critical", "again")
-    assert events[0].details["value"] == 9.0
-    assert events[0].first_ts == first_seen and events[0].ts == first_seen + 5
+    spike = events[0]
+    assert (spike.count, spike.severity, spike.step) == (3, "critical", 843)
+    assert spike.message == "loss is inf at step 843"
+    assert spike.details["value"] == "inf"
+    assert spike.update_text() == "×3, latest at step 1,500: loss is nan at step 1500"
+    assert spike.first_ts == first_seen and spike.ts == first_seen + 5
+    assert events[1].update_text() == "", "an episode that did not repeat has no update"
+
+
+def test_an_older_publishers_update_shows_as_an_update_of_what_was_heard_first() -> None:
+    """Recordings made before the ``latest`` field sent the latest repeat's message and details in
+    each update: replayed, what set the episode off still leads."""
+    store = Store()
+    run = RunBuilder("r")
+    store.deliver(Batch([
+        run.run_start(),
+        run.event(402, "0-1", "loss_spike", "warning", "loss 2.27 at step 402, 14.6x", value=2.27,
+                  last_step=402),
+        run.event(402, "0-1", "loss_spike", "warning", "loss 1.28 at step 601, 8.3x", count=200, value=1.28,
+                  last_step=601),
+    ]))
+    [spike] = store.events("r")
+    assert (spike.message, spike.details["value"]) == ("loss 2.27 at step 402, 14.6x", 2.27)
+    assert spike.update_text() == "×200, latest at step 601: loss 1.28 at step 601, 8.3x"
+
+
+def test_the_headers_throughput_is_the_rate_over_the_last_ten_seconds_not_one_steps() -> None:
+    """Two slow 64 ms steps among 24 ms ones (2,650 samples/s; the slow ones 1,000): the figure
+    stays near 2,650, and it is the work done over the seconds taken, not an average of rates."""
+    store = Store()
+    run = RunBuilder("r")
+    messages = [run.run_start()]
+    for step in range(1, 1001):
+        slow = step in (998, 999)
+        step_time = 0.064 if slow else 0.024
+        messages.append(run.metrics(step, loss=1.0, step_time=step_time, samples_per_s=64 / step_time))
+    store.deliver(Batch(messages))
+    rate = store.run_view("r").throughput
+    assert rate is not None and rate.span() == "10 s"
+    steps_in_window = rate.steps
+    assert 400 <= steps_in_window <= 420, "10 s of 24 ms steps"
+    expected = 64 * steps_in_window / (0.024 * (steps_in_window - 2) + 2 * 0.064)
+    assert abs(rate.value - expected) < 1 and 2_600 < rate.value < 2_670
 
 
 def test_gaps_are_counted_per_sender_and_a_restart_is_not_a_gap() -> None:
@@ -178,7 +221,9 @@ def test_run_view_and_gpus_from_a_whole_run() -> None:
     store.deliver(Batch(synthetic_run("r", steps=300)))
     view = store.run_view("r")
     assert view.step == 299 and view.hosts == ("testhost",) and view.gpu_simulated
-    assert view.throughput == ("samples_per_s", 1299.0)
+    assert view.throughput is not None and view.throughput.name == "samples_per_s"
+    # No step times in this run: the last 20 steps' rates (1280-1299), harmonically averaged.
+    assert (view.throughput.span(), round(view.throughput.value)) == ("20 steps", 1289)
     devices = store.devices("r")
     assert [d.index for d in devices] == [0, 1, 2, 3]
     assert devices[2].latest["util"] == 10.0 and devices[2].history["util"][-1] == 10.0

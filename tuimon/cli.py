@@ -34,12 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _command_modules():
         importlib.import_module(f"tuimon.commands.{name}").register(subparsers)
+    for command in subparsers.choices.values():
+        command.set_defaults(command_parser=command)  # a mistake is told with its command's usage
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.handler(args) or 0)
     except UserError as exc:

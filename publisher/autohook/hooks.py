@@ -61,6 +61,8 @@ ENV_REPEATED_BATCHES = "TUIMON_REPEATED_BATCHES"
 ENV_ON_NONFINITE = "TUIMON_ON_NONFINITE"
 #: "1": repro bundles hold the weights too.
 ENV_REPRO_WEIGHTS = "TUIMON_REPRO_WEIGHTS"
+#: The share of step time the gradient norm may cost (``Monitor(grad_norm_budget=)``); unset: the default.
+ENV_GRAD_NORM_BUDGET = "TUIMON_GRAD_NORM_BUDGET"
 
 #: The attribute set on torch once it is instrumented: a second install would wrap twice.
 _INSTRUMENTED = "_tuimon_instrumented"
@@ -94,12 +96,13 @@ class _Session:
         self.depth = 0
 
     def start_monitor(self, optimizer: Any) -> Monitor:
-        from publisher.monitor import Monitor
+        from publisher.monitor import GRAD_NORM_BUDGET, Monitor
         from publisher.readings.identity import default_rank, endpoint_for
 
         # By the first optimizer step torch.distributed is initialised, so the rank is known.
         rank = default_rank()
         prefix = os.environ.get(ENV_RECORD)
+        budget = os.environ.get(ENV_GRAD_NORM_BUDGET)
         monitor = self.monitor = Monitor(
             None,
             optimizer,
@@ -111,6 +114,7 @@ class _Session:
             repeated_batches=os.environ.get(ENV_REPEATED_BATCHES) == "1",
             on_nonfinite=os.environ.get(ENV_ON_NONFINITE) or "report",
             repro_weights=os.environ.get(ENV_REPRO_WEIGHTS) == "1",
+            grad_norm_budget=float(budget) if budget else GRAD_NORM_BUDGET,
         )
         if self.batches:  # the batch of this first step, seen before the Monitor existed
             monitor.hold_batch(self.batches[-1][1])

@@ -5,6 +5,10 @@ finding that repeats is announced once as an ``event`` and then re-sent with the
 a higher ``count`` at most every ``min_update_s``; the episode ends after ``quiet_to_close``
 observations without a finding, and a later finding opens a new one. Folding repeats this way is
 what keeps a NaN that persists for 10,000 steps from becoming 10,000 events.
+
+An update keeps what set the episode off: its ``message`` and ``details`` are the first finding's
+(the ``inf`` loss that points to a ``log(0)``, not the ``nan`` that followed), and the latest
+finding travels beside them as ``latest`` (its step, message and value), shown as an update.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from publisher.detectors.base import Finding
 from publisher.wire.jsonsafe import json_safe
-from publisher.wire.protocol import SEVERITIES
+from publisher.wire.protocol import SEVERITIES, latest_update
 
 
 @dataclass(slots=True)
@@ -29,6 +33,9 @@ class _Episode:
     last_step: int | None
     message: str
     details: dict[str, Any]
+    #: The latest finding's message and value, once the episode has repeated.
+    latest_message: str | None = None
+    latest_value: Any = None
     count: int = 1
     sent_count: int = 0
     sent_at: float = 0.0
@@ -98,8 +105,8 @@ class EpisodeTracker:
             episode.count += 1
             episode.quiet = 0
             episode.last_step = step
-            episode.message = finding.message
-            episode.details = finding.details
+            episode.latest_message = finding.message
+            episode.latest_value = finding.details.get("value")
             severity = finding.resolved_severity()
             escalated = _SEVERITY_RANK[severity] > _SEVERITY_RANK[episode.severity]
             if escalated:
@@ -128,14 +135,14 @@ class EpisodeTracker:
         episode.sent_count = episode.count
         episode.sent_at = now
         details = dict(episode.details, first_step=episode.first_step, last_step=episode.last_step)
-        self._emit(
-            episode.first_step,
-            {
-                "id": episode.id,
-                "severity": episode.severity,
-                "kind": episode.kind,
-                "message": episode.message,
-                "details": json_safe(details),
-                "count": episode.count,
-            },
-        )
+        body = {
+            "id": episode.id,
+            "severity": episode.severity,
+            "kind": episode.kind,
+            "message": episode.message,
+            "details": json_safe(details),
+            "count": episode.count,
+        }
+        if episode.latest_message is not None:
+            body["latest"] = latest_update(episode.last_step, episode.latest_message, episode.latest_value)
+        self._emit(episode.first_step, body)

@@ -75,7 +75,8 @@ ARMED_GAP = 2
 EVERY_STEP_FROM_S = 0.0015
 _CALLS_NOT_KEPT = ("it was caught before its update, but its model calls were not kept (on steps under "
                    f"{EVERY_STEP_FROM_S * 1e3:g} ms the hook that keeps them is on only where the gradient "
-                   "norm is due; grad_norm_budget=1.0 keeps every step's)")
+                   "norm is due; grad_norm_budget=1.0, `tuimon run --grad-norm-budget 1`, keeps every "
+                   "step's)")
 #: A step whose loss is this many times its recent level has its gradients checked before the
 #: update, whatever the gradient norm's budget: a diverging run's losses grow by orders of magnitude
 #: a step (a learning rate 2,000x too high: 2, 2.4e3, 3.5e9, 2e21, 1.6e35, then NaN), and the

@@ -185,8 +185,9 @@ def find_origin(calls: list[ModelCall]) -> dict[str, Any]:
     if not _finite(list(calls[0].module.parameters())):
         return {"reproduced": None, "rerun": False,
                 "why": "the weights are already non-finite: the step that went wrong first was not checked "
-                       "(the gradient norm's budget skipped it; grad_norm_budget=1.0, or on_nonfinite='skip' "
-                       "or 'stop', checks every step)"}
+                       "(the gradient norm's budget skipped it; grad_norm_budget=1.0 or on_nonfinite='skip' "
+                       "or 'stop' checks every step: `tuimon run --grad-norm-budget 1` or "
+                       "`--on-nonfinite skip`)"}
     started = time.perf_counter()
     results = []
     for index, call in enumerate(calls):

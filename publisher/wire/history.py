@@ -61,6 +61,10 @@ class SnapshotHistory:
         if len(self._events) > self._max_events:
             del self._events[next(iter(self._events))]
 
+    def event_frames(self) -> list[bytes]:
+        """The latest update of every episode kept, oldest news first."""
+        return [frame for _, frame in self._events.values()]
+
     def frames(self) -> list[bytes]:
         """Every kept frame in seq order, ready to send after the snapshot header."""
         kept = [

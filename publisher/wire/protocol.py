@@ -126,6 +126,26 @@ def make_message(
     return message
 
 
+def latest_update(step: int | None, message: str, value: Any = None) -> dict[str, Any]:
+    """An event update's ``latest`` field: the episode's latest finding (its step, its message, and
+    its value where it has one), sent beside the first finding's ``message`` and ``details``, which
+    say what set the episode off."""
+    latest: dict[str, Any] = {"step": step, "message": message}
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        latest["value"] = wire_number(value)
+    return latest
+
+
+def update_words(count: int, latest: Mapping[str, Any] | None) -> str:
+    """``×200, latest at step 601: loss 1.28 …``: an event's repeats since it fired, in words, from
+    its ``count`` and ``latest`` field ("" while it has not repeated)."""
+    if not latest or not isinstance(latest.get("message"), str):
+        return ""
+    step = latest.get("step")
+    at = f" at step {step:,}" if isinstance(step, int) else ""
+    return f"×{count}, latest{at}: {latest['message']}"
+
+
 def numbered_by_sender(message: Mapping[str, Any]) -> bool:
     """Whether ``seq`` numbers the stream of the (run, rank) in the envelope: false for what a relay
     made (its beats, node summaries, and findings about a rank, which carry ``by``), so readers

@@ -37,11 +37,13 @@ def write_bundle(path: Path, manifest: dict[str, Any], tensors: bytes) -> None:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """A bundle's manifest; ``ValueError`` for a file that is not one."""
+    """A bundle's manifest; ``ValueError`` for a file that cannot be read or is not one."""
     try:
         with zipfile.ZipFile(path) as archive:
             manifest = json.loads(archive.read(MANIFEST))
-    except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
         raise ValueError(f"{path} is not a tuimon repro bundle ({exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{path} is not a tuimon repro bundle of format {FORMAT}")

@@ -34,7 +34,7 @@ from typing import Any
 
 import zmq
 
-from publisher.wire import registry, snapshot_gate
+from publisher.wire import registry, run_summary, snapshot_gate
 from publisher.wire.curve import (
     HANDSHAKE_FAILURES,
     Guard,
@@ -50,6 +50,7 @@ from publisher.wire.hostname import host_name, machine_name
 from publisher.wire.protocol import (
     ENVELOPE_FIELDS,
     MESSAGE_TYPES,
+    decode,
     encode_fitted,
     make_message,
 )
@@ -185,6 +186,7 @@ class Publisher:
         try:
             self._pub, self._router = self._bind(DEFAULT_ENDPOINT if endpoint is None else endpoint, hwm)
             self._recorder = None if record is None else Recorder(record)
+            self._record_path = None if self._recorder is None else os.path.abspath(self._recorder.path)
         except BaseException:
             self._close_guard()
             self._context.destroy(linger=0)
@@ -195,7 +197,28 @@ class Publisher:
         )
         self._thread.start()
         self._registry_path = self._register() if register else None
+        self._summary = self._account_path()
+        self._account(ended=False)
         self._end_once = EndOnce(self._close_at_exit)
+
+    def _account_path(self) -> Path | None:
+        """Where this rank's account of its run goes (:mod:`publisher.wire.run_summary`), if anywhere."""
+        folder = os.environ.get(run_summary.SUMMARY_DIR_ENV)
+        return None if not folder else run_summary.summary_path(folder, self.rank, self._registered_pid)
+
+    def _account(self, *, ended: bool) -> None:
+        """Write this rank's account for ``tuimon run``; a failure costs the account only."""
+        if self._summary is None:
+            return
+        try:
+            events = [decode(frame) for frame in self._history.event_frames()] if ended else []
+            run_summary.write_summary(self._summary, run_summary.account(
+                run=self.run, rank=self.rank, host=self.host, pid=self._registered_pid, ended=ended,
+                last_step=self._last_step, status=self._end_body.get("status"),
+                error=self._end_body.get("error"), recording=self._record_path, events=events,
+            ))
+        except Exception as exc:
+            log.warning("tuimon: could not write the run's account to %s: %s", self._summary, exc)
 
     def _bind(self, endpoint: str, hwm: int) -> tuple[zmq.Socket, zmq.Socket]:
         """Bind PUB on ``endpoint`` and the snapshot ROUTER on the same interface; ValueError if not."""
@@ -241,7 +264,7 @@ class Publisher:
 
     def _register(self) -> Path | None:
         """Announce the run to viewers on this node. A broken runtime folder must not stop training."""
-        record = None if self._recorder is None else os.path.abspath(self._recorder.path)
+        record = self._record_path
         try:
             return registry.register(
                 run=self.run,
@@ -329,6 +352,7 @@ class Publisher:
             self._queue.clear()
             self._send_dropped += dropped_at_close
             self._emit("run_end", self._last_step, time.time(), self._end_body)
+            self._account(ended=True)
         except Exception:
             log.exception("tuimon: the publisher's sender thread failed; monitoring stops, training goes on")
         finally:

@@ -220,6 +220,13 @@ def _event(message: Mapping[str, Any]) -> None:
     _string(message, "id", MAX_NAME_CHARS, required=False)
     _integer(message, "count", required=False)
     _object(message, "details")
+    latest = message.get("latest")
+    if latest is not None:
+        if not isinstance(latest, dict):
+            raise _error("event field 'latest' must be an object")
+        _string(latest, "message", MAX_TEXT_CHARS)
+        if latest.get("step") is not None:
+            _integer(latest, "step")
 
 
 def _invariant(message: Mapping[str, Any]) -> None:
@@ -327,7 +334,7 @@ def _summary(message: Mapping[str, Any]) -> None:
 
 
 def _run_start(message: Mapping[str, Any]) -> None:
-    for field in ("config", "versions", "repro", "model"):
+    for field in ("config", "versions", "repro", "model", "monitoring"):
         _object(message, field)
     argv = message.get("argv")
     if argv is not None:

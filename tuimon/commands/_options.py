@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,6 +25,16 @@ def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
         "--theme", metavar="T", help="tuimon-dark (default), tuimon-light, tuimon-contrast, ..."
     )
     add_kb_option(parser)
+
+
+class WrappedHelp(argparse.HelpFormatter):
+    """Help whose prose is wrapped to the terminal and whose indented lines (examples) are kept as
+    written: argparse's raw formatter keeps both, so a long description ran past the screen."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(indent + line if not line or line.startswith(" ")
+                         else textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
+                         for line in text.splitlines())
 
 
 def add_baseline_option(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuimon.commands._options import add_keys_option, keys_from, positive_seconds
+from tuimon.commands._options import WrappedHelp, add_keys_option, keys_from, positive_seconds
 
 _EXAMPLES = """\
 examples:
@@ -24,13 +24,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "diff",
         help="what differs between two runs, and where their curves part",
-        description="Compare two runs, each a recording (a file, or the prefix given to `tuimon run "
-        "--record`) or a live run (an address as `tuimon watch` takes it, or a run's name in this "
-        "node's registry): the command, config, seeds, versions, git commit, environment and "
+        description="Compare two runs, each a recording (a file, the prefix given to `tuimon run "
+        "--record`, or a folder) or a live run (an address as `tuimon watch` takes it, or a run's name "
+        "in this node's registry): the command, config, seeds, versions, git commit, environment and "
         "hardware; the first step where the loss, gradient norm and learning rate part beyond "
         "their own step-to-step noise; the event kinds and invariant violations only one run has.",
         epilog=_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=WrappedHelp,
     )
     parser.add_argument("a", metavar="A", help="the first run: recording, prefix, address or run name")
     parser.add_argument("b", metavar="B", help="the second run")

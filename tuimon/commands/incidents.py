@@ -116,7 +116,7 @@ def _highlighter() -> tuple[str, str]:
 
 
 def _args_new(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--title", help="one line (default with --recording: the event's message)")
+    parser.add_argument("--title", help="one line (default with --recording: the event's kind, step and run)")
     parser.add_argument("--kind", action="append", default=[], help="event kind (repeatable)")
     parser.add_argument("--severity", help=f"{SEVERITY_HELP} (default: the event's, else warning)")
     parser.add_argument("--run", help="run name")

@@ -12,7 +12,7 @@ import argparse
 import sys
 import threading
 
-from tuimon.commands._options import add_keys_option, keys_from
+from tuimon.commands._options import WrappedHelp, add_keys_option, keys_from
 from tuimon.commands._receiving import receive_until, stopped_by_signals
 
 #: The port Prometheus exporters of GPU clusters usually leave free for this (DCGM's is 9400 too,
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "GPU readings per rank and GPU, and event counts by kind and severity, on "
         "http://BIND:PORT/metrics for Prometheus. Runs until Ctrl-C or SIGTERM.",
         epilog=_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=WrappedHelp,
     )
     parser.add_argument(
         "address", nargs="?", metavar="ADDR",

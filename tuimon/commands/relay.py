@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 
+from tuimon.commands._options import WrappedHelp
 from tuimon.commands._receiving import STOP_SIGNALS, stopped_by_signals
 
 #: Where ``tuimon run --relay`` and ``tuimon relay`` read the root's address when none is given.
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "         tuimon relay --upstream tcp://login1:7000          (on each training node)\n"
             "         tuimon watch tcp://login1:7000"
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=WrappedHelp,
     )
     parser.add_argument(
         "--root", action="store_true", help="gather node relays (binds ADDR and the next port)"

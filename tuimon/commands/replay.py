@@ -20,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Several files (e.g. one per rank) are merged by time. Keys: space pause, +/- speed, "
         "left/right seek 10 s, home/end.",
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="recording (.jsonl)")
+    parser.add_argument("files", nargs="+", metavar="RECORDING",
+                        help="a recording: a .jsonl file, the PREFIX of `tuimon run --record PREFIX` (every "
+                        "rank's file), or a folder of them")
     parser.add_argument(
         "--speed",
         default="1",

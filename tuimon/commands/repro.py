@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from publisher.wire.repro_bundle import read_manifest
+from tuimon.commands._options import WrappedHelp
 from tuimon.errors import UserError
 
 _EXAMPLES = """\
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="what a repro bundle of a non-finite step holds",
         description="Inspect the repro bundle written when a step's gradients turned non-finite.",
         epilog=_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=WrappedHelp,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = actions.add_parser("show", help="summarise a bundle")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 from tuimon.commands._options import (
+    WrappedHelp,
     add_keys_option,
     add_notify_options,
     keys_from,
@@ -32,6 +33,9 @@ from tuimon.commands._options import (
 )
 from tuimon.commands._receiving import receive_until, stopped_by_signals
 from tuimon.sink import Batch, News, Notice, Sink
+
+#: The exit status when nothing was heard (as grep's when nothing matched).
+NOTHING_HEARD = 1
 
 _EXAMPLES = """\
 examples:
@@ -50,9 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "messages. Without ADDR, every run registered on this host, including runs started later. "
         "Messages that fail the protocol's checks are counted, not printed; a one-line summary "
         "goes to stderr at the end. Runs until --for runs out, Ctrl-C, SIGTERM or the reader "
-        "closes stdout (all exit 0).",
+        "closes stdout: exit status 0, or 1 when nothing was heard.",
         epilog=_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=WrappedHelp,
     )
     parser.add_argument(
         "address",
@@ -113,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     if notifier is not None:
         print(f"tuimon tail: {notifier.summary()}", file=sys.stderr, flush=True)
     print(f"tuimon tail: {printer.summary()}", file=sys.stderr, flush=True)
+    if printer.printed == 0:
+        where = args.address or "this host's run registry"
+        print(f"tuimon tail: nothing heard from {where}: is a run publishing there? (`tuimon watch` "
+              "lists this host's runs)", file=sys.stderr, flush=True)
+        return NOTHING_HEARD
     return 0
 
 

@@ -26,9 +26,9 @@ from typing import Any
 from publisher.wire.protocol import decode, encode, make_message, numbered_by_sender, read_number, wire_number
 from tuimon.compare.curves import WINDOW, Curve, PartingWatch, allowance, running_medians
 from tuimon.compare.record import RunRecord
-from tuimon.compare.sources import load_run, recording_files
-from tuimon.errors import UserError
+from tuimon.compare.sources import load_run
 from tuimon.sink import Batch, News, Sink
+from tuimon.sources.recording_files import resolve_recordings
 from tuimon.store import Store
 
 #: The event kind of a run leaving the baseline's band (publisher/wire/event_kinds.py).
@@ -99,9 +99,8 @@ class _Whole:
 
 
 def load_baseline(path: str) -> Baseline:
-    """The baseline recorded at ``path`` (a file, or a ``--record`` prefix); a UserError otherwise."""
-    if recording_files(path) is None:
-        raise UserError(f"no baseline recording {path}: no such file, nor {path}.rank*.jsonl")
+    """The baseline recorded at ``path`` (a file, a ``--record`` prefix, a folder); a UserError otherwise."""
+    resolve_recordings([path], "baseline recording")  # a UserError saying what was looked for
     return Baseline(load_run(path))
 
 

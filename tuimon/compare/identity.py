@@ -33,7 +33,8 @@ _PID = re.compile(r"\bpid([._-]?)\d+")
 
 @dataclass(frozen=True)
 class Difference:
-    """One thing that differs: its ``section`` (``command``, ``config``, ``seeds``, ``versions``,
+    """One thing that differs: its ``section`` (``command``, ``config``, ``monitoring`` (the Monitor's
+    own options: ``--on-nonfinite``, the budgets), ``seeds``, ``versions``,
     ``code``, ``environment``, ``hardware``, ``run``), its name there, and each run's value
     (None: the run does not say)."""
 
@@ -138,6 +139,7 @@ def _sections(record: RunRecord) -> dict[str, dict[str, Any]]:
     return {
         "command": options(argv) if isinstance(argv, list) else {},
         "config": flatten(_mapping(start.get("config"))),
+        "monitoring": flatten(_mapping(start.get("monitoring"))),
         "seeds": {"seed": start.get("seed"), "torch_seed": repro.get("torch_seed")},
         "versions": dict(_mapping(start.get("versions"))),
         "code": {

@@ -3,7 +3,8 @@ that a recording is played into, or a live run's receiver fills.
 
 Unlike the viewer's store it keeps every step of the few metrics compared (a baseline's early
 steps matter as much as its last), one run's identity (its lowest rank's ``run_start``, the GPUs it
-reported), its events (the latest update of each episode) and its invariants, and nothing else.
+reported), its events (the latest update of each episode, with what set it off) and its
+invariants, and nothing else.
 """
 
 from __future__ import annotations
@@ -103,8 +104,12 @@ class RunCollector(Sink):
         elif kind == "event":
             key = str(message.get("id") or f"{rank}-{message['seq']}")
             previous = run.events.get(key)
-            if previous is None or (message.get("count") or 1) >= (previous.get("count") or 1):
+            if previous is None:
                 run.events[key] = message
+            elif (message.get("count") or 1) >= (previous.get("count") or 1):
+                # What set the episode off stays (an older publisher's updates carry the latest
+                # repeat's message and details).
+                run.events[key] = {**message, "message": previous["message"], "details": previous["details"]}
         elif kind == "invariant":
             run.invariants[(rank, message["name"])] = message
         elif kind == "gpu":

@@ -1,7 +1,7 @@
 """Where a compared run comes from: a recording, or a live run as the viewer reaches it.
 
-A target is read as, in this order: a recording file; a recording prefix as ``tuimon run --record
-PREFIX`` writes them (``PREFIX.rank*.jsonl``, every rank's file); a publisher address as ``tuimon
+A target is read as, in this order: a recording, as every command names one (a file, a ``tuimon run
+--record PREFIX`` prefix, a folder: :mod:`tuimon.sources.recording_files`); a publisher address as ``tuimon
 watch`` takes it (``tcp://HOST:PORT``, ``HOST:PORT``, ``PORT``, ``ipc://PATH``); else the name of a
 run in this node's run registry. A live run is listened to as ``tuimon tail`` does (its snapshot
 first: its start, metric history and events) until it has caught up, its snapshot arrived or its
@@ -22,6 +22,7 @@ from publisher.wire.protocol import decode
 from tuimon.compare.record import RunCollector, RunRecord
 from tuimon.errors import UserError
 from tuimon.sink import Batch, News, Notice
+from tuimon.sources.recording_files import recording_files, resolve_recordings
 
 if TYPE_CHECKING:
     from publisher.wire.curve import JobKeys
@@ -33,15 +34,6 @@ LISTEN_S = 6.0
 AFTER_CAUGHT_UP_S = 0.5
 
 
-def recording_files(target: str) -> list[Path] | None:
-    """The recording files ``target`` names (a file, or a ``--record`` prefix), None if none."""
-    path = Path(target)
-    if path.is_file():
-        return [path]
-    ranks = sorted(path.parent.glob(f"{path.name}.rank*.jsonl"))
-    return ranks or None
-
-
 def load_run(
     target: str, *, run: str | None = None, listen_s: float = LISTEN_S,
     keys: JobKeys | None = None, explicit_keys: bool = False,
@@ -51,9 +43,7 @@ def load_run(
     if files is not None:
         return _from_recordings(files, target, run)
     if not target.startswith(("tcp://", "ipc://")) and ("/" in target or target.endswith(".jsonl")):
-        raise UserError(
-            f"no recording {target}: no such file, nor {target}.rank*.jsonl (what `--record {target}` writes)"
-        )
+        resolve_recordings([target])  # says what was looked for
     return _from_live(target, run, listen_s, keys, explicit_keys)
 
 

@@ -64,7 +64,13 @@ def as_event(event: EventLike, *, run: str | None = None, host: str | None = Non
 
     The viewer's records do not repeat the run and host of their sender: ``run``/``host`` fill in.
     """
-    found = dict(event) if isinstance(event, Mapping) else dataclasses.asdict(event)
+    if isinstance(event, Mapping):
+        found = dict(event)
+    else:
+        found = dataclasses.asdict(event)
+        step, message = found.pop("latest_step", None), found.pop("latest_message", None)
+        if message is not None:  # the record's repeat as the protocol sends it
+            found["latest"] = {"step": step, "message": message}
     for key, value in (("run", run), ("host", host)):
         if value is not None and not found.get(key):
             found[key] = value
@@ -205,11 +211,12 @@ def capture(
 
 
 def title_for(events: Sequence[Mapping[str, Any]]) -> str:
-    """A default title: the first event's message, with its step."""
+    """A default title, short enough for a list, a search hit and a file name: the first event's
+    kind, step and run (``nonfinite_loss at step 843, run lm-7``); its message is in the timeline."""
     first = events[0]
-    step = first.get("step")
+    step, run = first.get("step"), first.get("run")
     where = f" at step {step}" if isinstance(step, int) else ""
-    return f"{first.get('kind', 'event')}{where}: {first.get('message', '')}".strip().rstrip(":")
+    return f"{first.get('kind', 'event')}{where}" + (f", run {run}" if run else "")
 
 
 def severity_for(events: Sequence[Mapping[str, Any]]) -> str:

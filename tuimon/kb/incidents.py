@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlite_utils
 
+from publisher.wire.protocol import update_words
 from tuimon.errors import UserError
 from tuimon.kb import db as kbdb
 from tuimon.kb import model
@@ -526,15 +527,19 @@ def _insert_context(db: sqlite_utils.Database, record: ContextRecord, *, number:
 
 
 def _event_entry(number: int, event: Mapping[str, Any], author: str, stamp: str) -> Entry:
-    """An "event" entry: the event's own time (when it fired), its message, the whole event as data."""
+    """An "event" entry: the event's own time (when it fired), its message (and its latest repeat),
+    the whole event as data."""
     ts = event.get("ts")
     when = model.format_time(datetime.fromtimestamp(ts, UTC)) if isinstance(ts, int | float) else stamp
+    count = event.get("count")
+    update = update_words(count if isinstance(count, int) else 1, event.get("latest"))
+    body = str(event.get("message", "")) + (f"\n\n{update}" if update else "")
     return Entry(
         model.new_id(),
         number,
         when,
         author,
         "event",
-        model.body_text(str(event.get("message", ""))),
+        model.body_text(body),
         data=dict(event),
     )

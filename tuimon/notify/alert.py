@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from publisher.wire.protocol import ENVELOPE_FIELDS, encode
+from publisher.wire.protocol import ENVELOPE_FIELDS, encode, update_words
 
 #: The fields of an event message an alert carries (docs/protocol.md, "event"; ``by``: a relay's).
-EVENT_FIELDS = (*ENVELOPE_FIELDS, "step", "id", "severity", "kind", "message", "details", "count", "by")
+EVENT_FIELDS = (*ENVELOPE_FIELDS, "step", "id", "severity", "kind", "message", "details", "count", "latest",
+                "by")
 #: The ``type`` of the alert that sums up what the rate limit held back.
 SUPPRESSED_TYPE = "alerts_suppressed"
 
@@ -48,7 +49,8 @@ def event_alert(event: Mapping[str, Any]) -> Alert:
         where += f", step {event['step']}"
     fields = {key: event[key] for key in EVENT_FIELDS if key in event}
     title = f"tuimon: {event['severity'].upper()} {event['kind']}"
-    return Alert(title, f"{event['message']} ({where})", fields)
+    update = update_words(event.get("count", 1), event.get("latest"))
+    return Alert(title, f"{event['message']} ({where})" + (f"; {update}" if update else ""), fields)
 
 
 def suppressed_alert(kinds: Counter[str], per_minute: int) -> Alert:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from publisher.wire.protocol import RELAY_REPEAT_S, ProtocolError, decode
+from publisher.wire.protocol import RELAY_REPEAT_S, ProtocolError, decode, latest_update
 from publisher.wire.topics import subscription
 from tuimon.relay.history import KEPT_TYPES, JobHistory
 from tuimon.relay.summary import DEFAULT_PERIOD_S, NodeSummarizer
@@ -41,6 +41,9 @@ class _Episode:
     step: int | None
     count: int
     sent_at: float
+    #: What set the episode off (its first finding's message and details), kept on every update.
+    message: str
+    details: dict[str, Any]
 
 
 class Analysis:
@@ -120,6 +123,8 @@ class Analysis:
                     step if isinstance(step, int) else None,
                     0,
                     -RELAY_REPEAT_S,
+                    finding.message,
+                    finding.details,
                 )
             if now - episode.sent_at < RELAY_REPEAT_S:
                 continue
@@ -129,11 +134,15 @@ class Analysis:
                 "id": episode.id,
                 "kind": finding.kind,
                 "severity": finding.severity,
-                "message": finding.message,
-                "details": finding.details,
+                "message": episode.message,
+                "details": episode.details,
                 "count": episode.count,
                 "by": self.name,
             }
+            if episode.count > 1:
+                latest_step = finding.details.get("step")
+                body["latest"] = latest_update(latest_step if isinstance(latest_step, int) else None,
+                                               finding.message)
             yield (
                 "event",
                 finding.run,

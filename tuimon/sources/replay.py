@@ -28,6 +28,7 @@ from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
 from tuimon.sink import Batch, Sink, SourceStatus
 from tuimon.sources.base import ReplayControls, Source
+from tuimon.sources.recording_files import resolve_recordings
 from tuimon.store import Store
 
 #: Playback speeds that +/- step through; ``math.inf`` plays as fast as possible.
@@ -83,16 +84,15 @@ def _read_file(path: Path, malformed: list[tuple[ProtocolError, str]]) -> list[t
             else:
                 frames.append((message["ts"], line))
     except OSError as exc:
-        raise UserError(
-            f"cannot read recording {path}: {exc.strerror or exc}; check the path "
-            "(recordings are written by `--record PATH` and by `tuimon demo`)"
-        ) from None
+        raise UserError(f"cannot read recording {path}: {exc.strerror or exc}") from None
     return frames
 
 
-def load_recordings(paths: Sequence[str | Path]) -> Recording:
-    """Read and validate recordings; a missing/unreadable file or no valid line is a UserError."""
-    recording = Recording(names=[Path(p).name for p in paths])
+def load_recordings(targets: Sequence[str | Path]) -> Recording:
+    """Read and validate recordings, each named as :mod:`tuimon.sources.recording_files` reads it;
+    a target naming none, an unreadable file or no valid line is a UserError."""
+    paths = resolve_recordings(targets)
+    recording = Recording(names=[p.name for p in paths])
     per_file = [_read_file(Path(path), recording.malformed) for path in paths]
     merged = list(heapq.merge(*per_file, key=lambda frame: frame[0]))
     if not merged:

@@ -11,12 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from publisher.wire.protocol import update_words
 from publisher.wire.stall import Stall
+from tuimon.store.rates import Rate
 
 
 @dataclass(frozen=True)
 class EventRecord:
-    """One anomaly episode as the viewer knows it (the latest update of its ``id``)."""
+    """One anomaly episode as the viewer knows it (the latest update of its ``id``): ``step``,
+    ``message`` and ``details`` say what set it off, ``latest_step`` and ``latest_message`` its
+    latest repeat (None until it repeats, and in recordings older than the ``latest`` field, whose
+    message is the latest repeat's)."""
 
     id: str
     rank: int
@@ -28,6 +33,14 @@ class EventRecord:
     count: int
     ts: float
     first_ts: float
+    latest_step: int | None = None
+    latest_message: str | None = None
+
+    def update_text(self) -> str:
+        """``×200, latest at step 601: loss 1.28 …``: the repeats since it fired ("" before any)."""
+        if self.latest_message is None:
+            return ""
+        return update_words(self.count, {"step": self.latest_step, "message": self.latest_message})
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,8 @@ class RunView:
     step_ts: float | None
     started_ts: float | None
     last_ts: float | None
-    throughput: tuple[str, float] | None
+    #: The throughput over the last seconds (:mod:`tuimon.store.rates`).
+    throughput: Rate | None
     gpu_source: str | None
     gpu_simulated: bool
     health: str

@@ -27,6 +27,7 @@ from publisher.wire.stall import BUSY, STUCK, WAITING, Stall
 from tuimon.sink import Batch, News, Notice, Sink, SourceStatus
 from tuimon.store.job import JobState, JobView
 from tuimon.store.layers import LayerHistory, LayerMatrix
+from tuimon.store.rates import smoothed_rate
 from tuimon.store.records import Counters, DeviceView, EventRecord, InvariantRecord, RunView
 from tuimon.store.series import Ring, Series, share_of_points
 
@@ -52,6 +53,8 @@ _LEFT_OUT_MEMORY = 10_000
 _CHUNK_VALUES = 5_000
 #: Preferred throughput metrics, best first.
 THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s")
+#: Steps the header's throughput may be smoothed over at most (:mod:`tuimon.store.rates`).
+RATE_STEPS = 2_000
 #: Sections of a run that have their own version counter.
 SECTIONS = ("run", "metrics", "gpu", "events", "invariants", "nodes", "layers")
 
@@ -447,23 +450,35 @@ class Store(Sink):
         count = message.get("count")
         if previous is not None and isinstance(count, int) and count < previous.count:
             return  # an older update of the episode (from a late joiner's snapshot): keep the newer
-        details = message.get("details")
+        text, details = message["message"], message.get("details")
+        details = details if isinstance(details, dict) else {}
+        latest_step, latest_text = None, None
+        latest = message.get("latest")
+        if isinstance(latest, dict):
+            latest_step, latest_text = latest.get("step"), latest["message"]
+        elif previous is not None and text != previous.message:
+            # An update from a publisher older than the ``latest`` field: its message and details
+            # are the latest repeat's; what set the episode off is what was heard first.
+            latest_step, latest_text = details.get("last_step"), text
+            text, details = previous.message, previous.details
         run.events[event_id] = EventRecord(
             id=event_id,
             rank=rank,
             step=message.get("step"),
             severity=message["severity"],
             kind=message["kind"],
-            message=message["message"],
-            details=details if isinstance(details, dict) else {},
+            message=text,
+            details=details,
             count=count if isinstance(count, int) and not isinstance(count, bool) else 1,
             ts=ts,
             first_ts=previous.first_ts if previous else ts,
+            latest_step=latest_step if isinstance(latest_step, int) else None,
+            latest_message=latest_text,
         )
         if len(run.events) > MAX_EVENTS:
             run.events.popitem(last=False)
         if message["kind"] == "telemetry_error" and len(run.telemetry_errors) < MAX_EVENTS:
-            part = details.get("part") if isinstance(details, dict) else None
+            part = details.get("part")
             run.telemetry_errors.add(f"{rank}:{part}" if isinstance(part, str) else event_id)
         self._bump(run, "events")
 
@@ -554,7 +569,9 @@ class Store(Sink):
         for name in THROUGHPUT_METRICS:
             series = _rank_series(run, primary, name)
             if series is not None and len(series):
-                throughput = (name, series.values[-1])
+                times = _rank_series(run, primary, "step_time")
+                recent = times.values[-RATE_STEPS:] if times is not None else ()
+                throughput = smoothed_rate(name, series.values[-RATE_STEPS:], recent)
                 break
         ends = [r.end for r in ranks.values() if r.end]
         end_status = end_error = None

@@ -32,9 +32,12 @@ def _value_text(value: Any) -> str:
 
 
 def detail_lines(details: Mapping[str, Any], indent: str = "  ") -> list[Content]:
-    """Details as readable lines: lists as bullets, nested objects indented."""
+    """Details as readable lines: lists as bullets, nested objects indented; empty values (null, an
+    empty list or object) are left out, as a person would not write them."""
     lines = []
     for key, value in details.items():
+        if value is None or (isinstance(value, list | Mapping) and not value):
+            continue
         label = key.replace("_", " ")
         if isinstance(value, Mapping):
             lines.append(Content.styled(f"{indent}{label}:", "bold"))
@@ -113,6 +116,7 @@ class EventDetailScreen(Dialog[str | None]):
                 (f"  ×{event.count}" if event.count > 1 else "", "bold $warning"),
             ),
             Content.styled(event.message, "bold"),
+            *([Content.styled(event.update_text(), "$warning")] if event.latest_message else []),
             Content.styled(f"run {self.run}, rank {event.rank}, id {event.id}{when}", "$foreground 60%"),
         ]
         if kind is not None:

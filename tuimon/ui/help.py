@@ -89,7 +89,8 @@ class HelpScreen(Dialog[None]):
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self.refresh(recompose=True))
 
     def content(self) -> ComposeResult:
-        yield Static("tuimon keys", classes="help-title", markup=False)
+        yield Static("Keys of this screen  (escape, q or ? closes this list)", classes="help-title",
+                     markup=False)
         # Keys in the theme's accent, as the footer shows them (a table cell takes no CSS class).
         key_style = Style(bold=True, color=self.app.theme_variables["accent"])
         yield from _entries(self._sections, key_style)

@@ -29,6 +29,15 @@ _COLUMNS = (
 )
 
 
+def _message(record: EventRecord) -> Text:
+    """What set the episode off, then its latest repeat, dimmed (a peer's text: never markup)."""
+    text = Text(record.message)
+    if record.latest_message is not None:
+        at = "" if record.latest_step is None else f" at step {record.latest_step:,}"
+        text.append(f"  · latest{at}: {record.latest_message}", style="dim")
+    return text
+
+
 class EventLog(RowTable):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -59,7 +68,8 @@ class EventLog(RowTable):
             return Content("")
         step = "" if record.step is None else f"at step {record.step:,} "
         head = Content.assemble(severity(record.severity), " ", (record.kind, "bold"), " ")
-        return head + Content(f"{step}×{record.count}: {record.message}")
+        update = record.update_text()
+        return head + Content(f"{step}: {record.message}" + (f" ({update})" if update else ""))
 
     def show(self, records: list[EventRecord]) -> None:
         """Add new episodes, update repeated ones in place; keep the latest :data:`MAX_ROWS`."""
@@ -75,12 +85,12 @@ class EventLog(RowTable):
                     "—" if record.step is None else f"{record.step:,}",
                     Text(record.kind),  # a peer's text: never read as markup
                     f"×{record.count}",
-                    Text(record.message),
+                    _message(record),
                     key=record.id,
                 )
             elif old != record:
                 self.update_cell(record.id, "count", f"×{record.count}")
-                self.update_cell(record.id, "message", Text(record.message), update_width=True)
+                self.update_cell(record.id, "message", _message(record), update_width=True)
                 self.update_cell(record.id, "severity", severity(record.severity))
             self._shown[record.id] = record
         for old_id in list(self._shown)[: max(0, len(self._shown) - MAX_ROWS)]:  # the oldest go

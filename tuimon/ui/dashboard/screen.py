@@ -31,7 +31,7 @@ from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.geometry import Size
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Tab, Tabs
+from textual.widgets import DataTable, Tab, Tabs
 
 from tuimon.compare.band import Baseline
 from tuimon.sources.base import RankFocus, Source
@@ -46,6 +46,7 @@ from tuimon.ui.dashboard.header import RunHeader
 from tuimon.ui.dashboard.invariants import InvariantTable
 from tuimon.ui.dashboard.status import StatusLine
 from tuimon.ui.event_detail import CONTEXT_STEPS, EventDetailScreen
+from tuimon.ui.footer import FittedFooter
 from tuimon.ui.help import Section, binding_entries
 from tuimon.ui.incidents.screen import IncidentScreen
 from tuimon.ui.job.grid import GridState
@@ -100,26 +101,27 @@ class DashboardScreen(Screen[None]):
         width: 1fr;
     }
     """
-    # The app's keys (tuimon.ui.keys) are listed here too, only to place them in this footer: quit
-    # and help first, where a footer cut at 80 columns still shows them; the theme after v.
+    # The app's keys (tuimon.ui.keys) are listed here too, only to place them in this footer, which
+    # shows as many as fit, in this order (tuimon.ui.footer): quit and help first, then from an event
+    # to what is done about it, then the charts.
     BINDINGS: ClassVar[list[BindingType]] = [
         QUIT,
         HELP,
         Binding("v", "next_view", "View",
                 tooltip="Next panel on a small terminal: chart, GPUs, invariants, events"),
-        THEME,
+        Binding("e", "focus_events", "Events", tooltip="Focus the event log (up/down to select)"),
+        Binding("enter", "event_details", "Details", show=False, tooltip="Details of the selected event"),
+        Binding("i", "incidents", "Incidents", tooltip="Incident knowledge base for the selected event"),
+        Binding("o", "open_incident", "New incident", tooltip="Open an incident from the selected event"),
+        Binding("h", "layers", "Layers",
+                tooltip="Layer heatmap: each layer's gradients, updates, activations over time"),
+        Binding("j", "job", "Job", tooltip="The job view: every GPU of every node (the source is a relay)"),
         Binding("r", "next_run", "Run", tooltip="Show the next run (when several are watched)"),
         Binding("l", "chart('loss')", "Loss", tooltip="Chart the loss"),
         Binding("g", "chart('grad_norm')", "Grad", tooltip="Chart the gradient norm"),
         Binding("s", "chart('throughput')", "Speed", tooltip="Chart the throughput (tokens/s or samples/s)"),
         Binding("c", "next_chart", "Chart", tooltip="Chart the next metric (lr, step time, ...)"),
-        Binding("e", "focus_events", "Events", tooltip="Focus the event log (up/down to select)"),
-        Binding("enter", "event_details", "Details", show=False, tooltip="Details of the selected event"),
-        Binding("i", "incidents", "Incidents", tooltip="Incident knowledge base for the selected event"),
-        Binding("o", "open_incident", "Open incident", tooltip="Open an incident from the selected event"),
-        Binding("h", "layers", "Layers",
-                tooltip="Layer heatmap: each layer's gradients, updates, activations over time"),
-        Binding("j", "job", "Job", tooltip="The job view: every GPU of every node (the source is a relay)"),
+        THEME,
         Binding("escape", "all_ranks", "All ranks", tooltip="Charts of the lowest rank, not the one picked"),
     ]
     COMMANDS = {ScreenCommands}  # noqa: RUF012 (Textual declares it a set)
@@ -140,6 +142,10 @@ class DashboardScreen(Screen[None]):
         self.focus_rank: int | None = None
         self._job_state = GridState()
         self._job_opened: set[str] = set()  # runs whose job view was opened (once by itself)
+        self._runs_heard: set[str] = set()
+        #: Runs that started while another was shown, announced and not yet looked at (newest last):
+        #: ``r`` goes to the newest first.
+        self._new_runs: list[str] = []
         #: The panel shown in the compact layout (:data:`VIEWS`).
         self.view = "chart"
 
@@ -157,7 +163,7 @@ class DashboardScreen(Screen[None]):
             yield TablePanel(InvariantTable(id="invariants"), id="invariants-panel")
             yield TablePanel(EventLog(id="events"), id="events-panel")
         yield StatusLine(id="status")
-        yield Footer(compact=True)
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self._lay_out(self.app.size)
@@ -255,13 +261,16 @@ class DashboardScreen(Screen[None]):
                 preferred = self._wanted_run if self._wanted_run in names else names[0]
                 self._select_run(preferred)
         run = self.run_name
+        if run is not None:
+            self._announce_new_runs(store.run_names(), run)
         view = store.run_view(run) if run else None
         versions = store.versions(run) if run else {}
         source, notices, now = store.source_status(), store.notices(), store.now()
-        if self._changed("header", (view, source, tuple(notices), int(now), self.focus_rank)):
-            self.query_one(RunHeader).show(view, source, notices, now, focus=self.focus_rank)
-        if self._changed("status", store.status_version()):
-            self.query_one(StatusLine).show(store.counters(), self.source.where())
+        width = self.size.width  # the header and the status line fit their fields to it
+        if self._changed("header", (view, source, tuple(notices), int(now), self.focus_rank, width)):
+            self.query_one(RunHeader).show(view, source, notices, now, focus=self.focus_rank, width=width)
+        if self._changed("status", (store.status_version(), width)):
+            self.query_one(StatusLine).show(store.counters(), self.source.where(), width)
         if run is None:
             return
         said = (view.gpu_source, view.gpu_simulated) if view else None  # what the run said of its GPUs
@@ -309,21 +318,38 @@ class DashboardScreen(Screen[None]):
             # Covered by another screen, its keys cannot reach it: its footer, still in view around
             # a dialog, offers none of them.
             return False
-        if action == "job":
-            return self.has_job()
         if action == "all_ranks":
             return self.focus_rank is not None
         if action == "next_view":
             return self.compact
         return True
 
+    def _announce_new_runs(self, names: list[str], shown: str) -> None:
+        """A run heard for the first time while another is shown is said at once, with the key
+        that shows it: otherwise only the "received" count would change. Those heard before the
+        first run was shown are not new."""
+        if not self._runs_heard:
+            self._runs_heard.update(names)
+            return
+        for name in names:
+            if name in self._runs_heard:
+                continue
+            self._runs_heard.add(name)
+            if name != shown:
+                self._new_runs.append(name)
+                view = self.store.run_view(name)
+                where = f" on {', '.join(view.hosts)}" if view is not None and view.hosts else ""
+                self.notify(f"{name}{where}: r shows it", title="A new run started", timeout=15)
+
     def action_next_run(self) -> None:
         names = self.store.run_names()
         if not names:
             self.notify("no runs yet", timeout=2)
             return
+        fresh = [name for name in self._new_runs if name in names and name != self.run_name]
+        self._new_runs = fresh[:-1]
         position = names.index(self.run_name) if self.run_name in names else -1
-        following = names[(position + 1) % len(names)]
+        following = fresh[-1] if fresh else names[(position + 1) % len(names)]
         if following == self.run_name:
             self.notify(f"only one run so far: {following}", timeout=2)
             return
@@ -352,7 +378,10 @@ class DashboardScreen(Screen[None]):
     def action_job(self) -> None:
         """The job view of the current run (its figure and cursor kept from the last opening)."""
         run = self.run_name
-        if run is None:
+        if run is None or not self.has_job():
+            self.notify("The job view needs a relay's stream: `tuimon watch` the job's root relay "
+                        "(`tuimon relay --root`), whose summaries name every node and rank",
+                        title="No job view here", severity="warning")
             return
         self._job_opened.add(run)
         self.app.push_screen(JobScreen(self.store, run, self._job_state), self._job_closed)

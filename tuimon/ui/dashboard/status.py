@@ -9,6 +9,8 @@ from tuimon.store import Counters
 
 
 class StatusLine(Static):
+    """One line; where the source's name does not fit, its start is cut, never its end."""
+
     DEFAULT_CSS = """
     StatusLine {
         height: 1;
@@ -18,7 +20,8 @@ class StatusLine(Static):
     }
     """
 
-    def show(self, counters: Counters, where: str) -> None:
+    def show(self, counters: Counters, where: str, width: int = 0) -> None:
+        """``width``: the terminal's columns (0: not known yet, nothing cut)."""
         parts = [Content.from_markup("received [b]$n[/]", n=f"{counters.received:,}")]
         if counters.malformed:
             reasons = ", ".join(f"{count} {reason}" for reason, count in counters.malformed_by_reason.items())
@@ -33,5 +36,9 @@ class StatusLine(Static):
                 f"publisher drops {counters.dropped:,}", "bold $warning" if counters.dropped else ""
             )
         )
+        separator = Content(" · ")
+        room = width - 2 - separator.join(parts).cell_length - separator.cell_length
+        if 0 < room < len(where):  # the end of a path names the file: the start goes
+            where = "…" + where[-(room - 1):] if room > 1 else "…"
         parts.append(Content.styled(where, "$foreground 60%"))
-        self.update(Content(" · ").join(parts))
+        self.update(separator.join(parts))

@@ -7,7 +7,6 @@ stored in UTC and shown in the viewer's local time, which is what people compare
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from textual.content import Content
 
 from tuimon.kb import ContextRecord, Entry, Incident, SearchHit, SeenBefore, Snippet
+from tuimon.kb.markdown import markdown_parser
 from tuimon.kb.mdformat import steps_text
 from tuimon.kb.model import OUTCOME_LABELS, TEXT_FIELD_LABELS, TEXT_FIELDS
 from tuimon.ui.format import labelled, severity
@@ -40,7 +40,8 @@ LIST_TITLE_CHARS = 54
 #: Characters of a git commit shown (enough to find it; the export keeps all of it).
 COMMIT_CHARS = 12
 _DIM = "$foreground 60%"
-_CODE = re.compile(r"`([^`]+)`")
+#: Reads runbook steps' inline Markdown (:func:`inline_markdown`).
+_INLINE = markdown_parser()
 
 
 def status_label(status: str) -> Content:
@@ -65,13 +66,25 @@ def local_time(stamp: str | None, *, seconds: bool = False) -> str:
     return moment.strftime(layout)
 
 
-def inline_code(text: str) -> Content:
-    """Markdown's `code` spans (runbooks use them for metric and kind names) in the accent colour."""
-    parts: list[Content | tuple[str, str] | str] = []
-    for index, piece in enumerate(_CODE.split(" ".join(text.split()))):
-        if piece:
-            parts.append((piece, "$accent") if index % 2 else piece)
-    return Content.assemble(*parts)
+def inline_markdown(text: str) -> Content:
+    """A line of Markdown as it reads, not as it is typed: ``**before**`` bold, ``*why*`` italic,
+    `code` spans (runbooks name metrics and kinds with them) in the accent colour, a link's text
+    underlined; CommonMark's inline rules, by markdown-it-py."""
+    styles = {"strong": "bold", "em": "italic", "link": "underline", "s": "strike"}
+    parts: list[Content] = []
+    open_styles: list[str] = []
+    for token in _INLINE.parseInline(" ".join(text.split()))[0].children or []:
+        kind, _, edge = token.type.rpartition("_")
+        if kind in styles and edge in ("open", "close"):
+            if edge == "open":
+                open_styles.append(styles[kind])
+            elif styles[kind] in open_styles:
+                open_styles.remove(styles[kind])
+        elif token.type in ("text", "code_inline", "softbreak", "hardbreak", "html_inline"):
+            piece = " " if token.type.endswith("break") else token.content
+            style = " ".join([*open_styles, *(["$accent"] if token.type == "code_inline" else [])])
+            parts.append(Content.styled(piece, style) if style else Content(piece))
+    return Content("").join(parts)
 
 
 def incident_row(incident: Incident) -> Content:
@@ -195,7 +208,7 @@ def entry_line(entry: Entry) -> Content:
         body = Content.assemble(
             ("☑ ticked " if ticked else "☐ unticked ", "bold $success" if ticked else "bold"),
             (f"{data.get('runbook')}/{data.get('step')} ", _DIM),
-            inline_code(str(data.get("text", ""))),
+            inline_markdown(str(data.get("text", ""))),
         )
     elif entry.type == "event":
         step = data.get("step")
@@ -217,10 +230,12 @@ def timeline_content(entries: Sequence[Entry]) -> Content:
     return Content("\n").join(entry_line(entry) for entry in entries)
 
 
-def seen_before_content(seen: SeenBefore) -> Content:
-    """``seen before: 3 incidents, 2 resolved`` and what was tried, what helped first."""
+def seen_before_content(seen: SeenBefore, *, recorded: bool = False) -> Content:
+    """``seen before: 3 incidents, 2 resolved`` and what was tried, what helped first; ``recorded``:
+    the event is in an incident already (which is not counted as seen before)."""
     if not seen.total:
-        return Content.styled("not seen before in this knowledge base", _DIM)
+        other = "no other incident of this kind" if recorded else "not seen before"
+        return Content.styled(f"{other} in this knowledge base", _DIM)
     noun = "incident" if seen.total == 1 else "incidents"
     numbers = ", ".join(incident.ref for incident in seen.incidents)
     parts = [

@@ -18,7 +18,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from tuimon.kb.runbooks import RunbookProgress, StepState
-from tuimon.ui.incidents.format import inline_code, local_time
+from tuimon.ui.incidents.format import inline_markdown, local_time
 
 _DIM = "$foreground 60%"
 
@@ -33,7 +33,7 @@ def step_prompt(state: StepState, *, saving: bool | None = None) -> Content:
         who = Content.styled(f"  ✓ {state.by} {local_time(state.at)}", _DIM)
     else:
         who = Content("")
-    return box + inline_code(state.step.text) + who
+    return box + inline_markdown(state.step.text) + who
 
 
 class RunbookChecklist(OptionList):

@@ -33,7 +33,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import OptionDoesNotExist
 from textual.worker import Worker, WorkerState, get_current_worker
 
@@ -45,6 +45,7 @@ from tuimon.kb.runbooks import RunbookProgress
 from tuimon.store import EventRecord
 from tuimon.ui.compact import mark_compact
 from tuimon.ui.context import EventContext
+from tuimon.ui.footer import FittedFooter
 from tuimon.ui.format import severity
 from tuimon.ui.help import HelpScreen
 from tuimon.ui.incidents.dialogs import (
@@ -225,7 +226,7 @@ class IncidentScreen(Screen[None]):
                 yield RunbookChecklist(id="kb-runbook")
                 with VerticalScroll(id="kb-timeline"):
                     yield Static(id="kb-timeline-text")
-        yield Footer(compact=True)
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self.query_one("#kb-timeline").border_title = "Timeline"
@@ -401,8 +402,8 @@ class IncidentScreen(Screen[None]):
         if self.context is None:
             lines.append(
                 Content.styled(
-                    "No event selected on the dashboard (select one in its event log, then press i): "
-                    "n opens a blank incident",
+                    "No event selected on the dashboard (pick one in its event log: e, the arrows, then "
+                    "o opens an incident from it): n opens a blank incident",
                     _DIM,
                 )
             )
@@ -427,7 +428,7 @@ class IncidentScreen(Screen[None]):
         if self._knowledge_error:
             lines.append(Content.styled(self._knowledge_error, "$error"))
         elif knowledge is not None:
-            lines.append(seen_before_content(knowledge.seen))
+            lines.append(seen_before_content(knowledge.seen, recorded=bool(knowledge.recorded_in)))
             if knowledge.recorded_in:
                 first = knowledge.recorded_in[0]
                 lines.append(

@@ -13,9 +13,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from tuimon.store import Cell, NodeView, Store
+from tuimon.ui.footer import FittedFooter
 from tuimon.ui.format import number
 from tuimon.ui.job.metrics import GRID_METRICS
 from tuimon.ui.job.problems import PROBLEM_LOOK, current_marks, job_problems
@@ -103,7 +104,7 @@ class NodeScreen(Screen[int | None]):
     def compose(self) -> ComposeResult:
         yield Static(id="node-header")
         yield NodeTable(id="node-table")
-        yield Footer(compact=True)
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(NodeTable)

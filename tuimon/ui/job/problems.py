@@ -61,7 +61,7 @@ def _problem(event: EventRecord, now: float) -> Problem:
         count=event.count,
         ts=event.ts,
         current=now - event.ts <= CURRENT_S,
-        message=event.message,
+        message=event.message + (f" · latest: {event.latest_message}" if event.latest_message else ""),
     )
 
 

@@ -16,9 +16,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from tuimon.store import JobView, Store
+from tuimon.ui.footer import FittedFooter
 from tuimon.ui.job.band import LossBand
 from tuimon.ui.job.grid import GridState, JobGrid
 from tuimon.ui.job.header import JobHeader
@@ -73,7 +73,7 @@ class JobScreen(Screen[int | None]):
         with Horizontal(id="job-bottom"):
             yield LossBand(id="job-band")
             yield ProblemList(id="job-problems")
-        yield Footer(compact=True)
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self.query_one(JobGrid).focus()

@@ -18,10 +18,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from tuimon.store import Store
 from tuimon.store.layers import STATISTIC_KEYS, LayerMatrix
+from tuimon.ui.footer import FittedFooter
 from tuimon.ui.format import number
 from tuimon.ui.layers.heatmap import CellLook, LayerHeatmap, short_label
 from tuimon.ui.layers.history import LayerHistoryChart
@@ -125,7 +126,7 @@ class LayerScreen(Screen[None]):
             yield LayerHeatmap(id="layers-heatmap")
             yield Static(id="layers-worst")
         yield LayerHistoryChart(id="layers-history")
-        yield Footer(compact=True)
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         heatmap = self.query_one(LayerHeatmap)
