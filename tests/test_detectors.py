@@ -96,7 +96,8 @@ def test_an_update_keeps_what_set_the_episode_off_and_carries_the_latest_repeat_
     assert "latest" not in first
     assert (step, update["count"], update["message"], update["details"]["value"]) == (
         843, 658, "loss is inf at step 843", "inf")
-    assert update["latest"] == {"step": 1500, "message": "loss is nan at step 1500", "value": "nan"}
+    assert update["latest"] == {"step": 1500, "message": "loss is nan at step 1500", "value": "nan",
+                                "details": {"value": "nan"}}, "the details that changed since it fired"
     assert (update["details"]["first_step"], update["details"]["last_step"]) == (843, 1500)
 
 

@@ -152,8 +152,8 @@ def test_a_stall_is_one_episode_that_escalates_and_closes_with_its_length() -> N
         "the culprit says so in its first warning"
     )
     assert first["details"]["stack"] == STACK and first["details"]["where"] == "fetch_batch (train.py:12)"
-    assert last["details"]["resumed"] is True and last["details"]["paused_s"] == 21.3
-    assert last["message"].endswith("steps resumed after 21.3 s")
+    assert last["latest"]["details"]["resumed"] is True and last["latest"]["details"]["paused_s"] == 21.3
+    assert last["latest"]["message"].endswith("steps resumed after 21.3 s")
     events.stalled(judge({"stalled_s": 5.0, "stall_after_s": 5.0, "cpu_share": 0.0}))
     assert sent[-1][1]["id"] == "0-1", "the next stall is an episode of its own"
 
@@ -238,8 +238,8 @@ def test_one_process_a_blocked_fetch_is_named_within_10_s_in_tail_alerts_and_the
                      first["message"]), first["message"]
     assert first["details"]["where"] == "fetch_batch (plain_blocked_fetch.py:22)"
     assert first["details"]["in_collective"] is False and first["details"]["cpu_share"] < 0.2
-    assert last["details"]["resumed"] is True and last["id"] == first["id"]
-    assert last["details"]["paused_s"] == pytest.approx(12.0, abs=1.5)
+    assert last["latest"]["details"]["resumed"] is True and last["id"] == first["id"]
+    assert last["latest"]["details"]["paused_s"] == pytest.approx(12.0, abs=1.5)
     in_recording = [(m["id"], m["count"]) for m in _events(recorded, "hang")]
     assert in_recording == [(m["id"], m["count"]) for m in hangs], "the recording has what tail printed"
     alarms = {(m["kind"], m["severity"]) for m in _events(recorded) if m["severity"] != "info"}
@@ -251,20 +251,38 @@ def test_one_process_a_blocked_fetch_is_named_within_10_s_in_tail_alerts_and_the
     assert alert["kind"] == "hang" and alert["id"] == first["id"], "alerted once, at its first warning"
 
 
-@pytest.mark.parametrize("mode", ["ddp", "manual"])
+GLOO_MODES = ("ddp", "manual")
+
+
+@pytest.fixture(scope="module")
+def gloo_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, float, Path]]:
+    """Both jobs of two gloo ranks, run side by side (each mostly waits out its 8 s stall, so the
+    pair takes the time of one): per mode, what it printed on stderr, when rank 1 blocked, and
+    the prefix of its recordings."""
+    jobs = {}
+    for mode in GLOO_MODES:
+        folder = tmp_path_factory.mktemp(f"gloo-{mode}")
+        prefix = folder / "rec" / "gloo"
+        jobs[mode] = prefix, subprocess.Popen(
+            [*TUIMON, "run", "--run", "gloo", "--record", str(prefix), "--gpu", "none", "--", sys.executable,
+             str(SCRIPTS / "plain_gloo_blocked_rank.py"), str(folder / "init"), "8", mode],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(folder),
+        )
+    done = {}
+    for mode, (prefix, job) in jobs.items():
+        stdout, stderr = job.communicate(timeout=120)
+        assert job.returncode == 0, stderr[-3000:]
+        done[mode] = stderr, _block_at(stdout), prefix
+    return done
+
+
+@pytest.mark.parametrize("mode", GLOO_MODES)
 def test_two_gloo_ranks_without_a_relay_name_the_blocked_rank_and_never_call_the_waiting_one_hung(
-    tmp_path: Path, mode: str
+    gloo_jobs: dict[str, tuple[str, float, Path]], mode: str
 ) -> None:
     """Rank 1's data fetch blocks for 8 s outside any collective; rank 0 waits for it in the
     gradient all-reduce (inside ``loss.backward()`` with DDP, in ``dist.all_reduce`` by hand)."""
-    prefix = tmp_path / "rec" / "gloo"
-    done = subprocess.run(
-        [*TUIMON, "run", "--run", "gloo", "--record", str(prefix), "--gpu", "none", "--", sys.executable,
-         str(SCRIPTS / "plain_gloo_blocked_rank.py"), str(tmp_path / "init"), "8", mode],
-        capture_output=True, text=True, timeout=120, env=_env(tmp_path),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    block_at = _block_at(done.stdout)
+    _, block_at, prefix = gloo_jobs[mode]
     ranks = {int(path.name.split(".rank")[1].split(".")[0]): _read(path)
              for path in prefix.parent.glob("gloo.*")}
     assert set(ranks) == {0, 1}
@@ -275,7 +293,7 @@ def test_two_gloo_ranks_without_a_relay_name_the_blocked_rank_and_never_call_the
     assert culprit[0]["ts"] - block_at <= NAMED_WITHIN_S
     assert culprit[0]["details"]["where"].startswith("fetch_shard (plain_gloo_blocked_rank.py:")
     assert "rank 1 is outside any collective" in culprit[0]["message"]
-    assert culprit[-1]["details"]["resumed"] is True
+    assert culprit[-1]["latest"]["details"]["resumed"] is True
 
     waiting = _events(ranks[0])
     assert not [m for m in waiting if m["kind"] == "hang" or m["severity"] != "info"], waiting

@@ -33,9 +33,10 @@ class _Episode:
     last_step: int | None
     message: str
     details: dict[str, Any]
-    #: The latest finding's message and value, once the episode has repeated.
+    #: The latest finding's message, value and details, once the episode has repeated.
     latest_message: str | None = None
     latest_value: Any = None
+    latest_details: dict[str, Any] | None = None
     count: int = 1
     sent_count: int = 0
     sent_at: float = 0.0
@@ -47,6 +48,8 @@ class _Episode:
 EmitEvent = Callable[[int | None, dict[str, Any]], None]
 
 _SEVERITY_RANK = {name: i for i, name in enumerate(SEVERITIES)}
+#: Tells a key a finding's details lack from one whose value is None.
+_MISSING = object()
 
 
 class EpisodeTracker:
@@ -107,6 +110,7 @@ class EpisodeTracker:
             episode.last_step = step
             episode.latest_message = finding.message
             episode.latest_value = finding.details.get("value")
+            episode.latest_details = finding.details
             severity = finding.resolved_severity()
             escalated = _SEVERITY_RANK[severity] > _SEVERITY_RANK[episode.severity]
             if escalated:
@@ -144,5 +148,8 @@ class EpisodeTracker:
             "count": episode.count,
         }
         if episode.latest_message is not None:
-            body["latest"] = latest_update(episode.last_step, episode.latest_message, episode.latest_value)
+            changed = {key: value for key, value in (episode.latest_details or {}).items()
+                       if episode.details.get(key, _MISSING) != value}
+            body["latest"] = latest_update(episode.last_step, episode.latest_message, episode.latest_value,
+                                           json_safe(changed))
         self._emit(episode.first_step, body)

@@ -227,6 +227,7 @@ def _event(message: Mapping[str, Any]) -> None:
         _string(latest, "message", MAX_TEXT_CHARS)
         if latest.get("step") is not None:
             _integer(latest, "step")
+        _object(latest, "details")
 
 
 def _invariant(message: Mapping[str, Any]) -> None:

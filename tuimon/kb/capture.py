@@ -69,8 +69,9 @@ def as_event(event: EventLike, *, run: str | None = None, host: str | None = Non
     else:
         found = dataclasses.asdict(event)
         step, message = found.pop("latest_step", None), found.pop("latest_message", None)
+        details = found.pop("latest_details", None)
         if message is not None:  # the record's repeat as the protocol sends it
-            found["latest"] = {"step": step, "message": message}
+            found["latest"] = {"step": step, "message": message, **({"details": details} if details else {})}
     for key, value in (("run", run), ("host", host)):
         if value is not None and not found.get(key):
             found[key] = value

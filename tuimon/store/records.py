@@ -35,6 +35,8 @@ class EventRecord:
     first_ts: float
     latest_step: int | None = None
     latest_message: str | None = None
+    #: The latest repeat's details that differ from the first's (a stall's ``resumed``, ``paused_s``).
+    latest_details: Mapping[str, Any] | None = None
 
     def update_text(self) -> str:
         """``×200, latest at step 601: loss 1.28 …``: the repeats since it fired ("" before any)."""

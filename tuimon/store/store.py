@@ -452,10 +452,11 @@ class Store(Sink):
             return  # an older update of the episode (from a late joiner's snapshot): keep the newer
         text, details = message["message"], message.get("details")
         details = details if isinstance(details, dict) else {}
-        latest_step, latest_text = None, None
+        latest_step, latest_text, latest_details = None, None, None
         latest = message.get("latest")
         if isinstance(latest, dict):
             latest_step, latest_text = latest.get("step"), latest["message"]
+            latest_details = latest.get("details")  # validated: an object or absent
         elif previous is not None and text != previous.message:
             # An update from a publisher older than the ``latest`` field: its message and details
             # are the latest repeat's; what set the episode off is what was heard first.
@@ -474,6 +475,7 @@ class Store(Sink):
             first_ts=previous.first_ts if previous else ts,
             latest_step=latest_step if isinstance(latest_step, int) else None,
             latest_message=latest_text,
+            latest_details=latest_details,
         )
         if len(run.events) > MAX_EVENTS:
             run.events.popitem(last=False)

@@ -123,6 +123,9 @@ class EventDetailScreen(Dialog[str | None]):
             lines.append(Content.assemble(("what it means: ", "bold"), kind.summary))
         if event.details:
             lines += [Content(""), Content.styled("Details", "bold $primary"), *detail_lines(event.details)]
+        if event.latest_details:
+            lines += [Content(""), Content.styled("Since, at its latest repeat", "bold $primary"),
+                      *detail_lines(event.latest_details)]
         if self.event_layers:
             more = len(self.event_layers) - 6
             shown = ", ".join(self.event_layers[:6]) + (f" and {more} more" if more > 0 else "")

@@ -66,8 +66,8 @@ class EventLog(RowTable):
         record = self._shown.get(key)
         if record is None:
             return Content("")
-        step = "" if record.step is None else f"at step {record.step:,} "
-        head = Content.assemble(severity(record.severity), " ", (record.kind, "bold"), " ")
+        step = "" if record.step is None else f" at step {record.step:,}"
+        head = Content.assemble(severity(record.severity), " ", (record.kind, "bold"))
         update = record.update_text()
         return head + Content(f"{step}: {record.message}" + (f" ({update})" if update else ""))
 
