@@ -308,7 +308,7 @@ async def test_the_baseline_is_drawn_and_leaving_its_band_is_an_event(replayed: 
         chart = chart_text(app)
         assert "█" in chart, "the band is shaded behind the run's line"
         await pilot.press("s")  # the throughput has its band too
-        await wait_for_screen(pilot, lambda: "samples_per_s  last" in chart_text(app)
+        await wait_for_screen(pilot, lambda: "samples_per_s (samples/s)  last" in chart_text(app)
                               and "baseline base" in chart_text(app), what="the baseline's throughput")
 
 

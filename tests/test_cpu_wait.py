@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,12 @@ def test_a_thread_that_ends_while_its_statistics_are_open_is_not_read_again_and_
     assert _open_schedstat_files() - already_open == kept, "kept open between readings"
     release.set()
     trainer.join()
+    # join() returns when the thread has cleared its id; the kernel lets the task go a moment
+    # later (until then its statistics are still there, read as a thread that did not run).
+    gone = Path(f"/proc/{os.getpid()}/task/{watched[0]}")
+    deadline = time.monotonic() + 2.0
+    while gone.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     # The thread ran until it ended (woken, then returning): a file kept open may give that last
     # stretch once, read frozen; the thread has not run since, so it is looked up again, and gone.
     last_stretch = wait.read(3.0)

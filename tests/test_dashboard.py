@@ -287,11 +287,13 @@ async def test_chart_keys_choose_the_metric(recording: Path) -> None:
         await played_to_end(app, pilot)
         chart = app.query_one(MetricChart)
         assert chart.names[:4] == ["loss", "lr", "grad_norm", "samples_per_s"]
+        titles = {"grad_norm": "grad_norm", "samples_per_s": "samples_per_s (samples/s)", "loss": "loss",
+                  "lr": "lr"}  # with the unit where the metric has one
         for key, metric in (("g", "grad_norm"), ("s", "samples_per_s"), ("l", "loss"), ("c", "lr")):
             await pilot.press(key)
             await pilot.pause(0.1)
             assert chart.metric == metric
-            assert f"{metric}  last" in chart_text(app)
+            assert f"{titles[metric]}  last" in chart_text(app)
 
 
 async def test_the_palette_screenshot_lands_in_the_working_folder(

@@ -108,7 +108,9 @@ def test_export_and_import_through_the_command_line(tmp_path: Path) -> None:
 
 
 def test_open_from_a_recording_on_the_command_line(tmp_path: Path) -> None:
-    recording = tmp_path / "run.jsonl"
+    """Named by the prefix `tuimon run --record runs/r` wrote it with, as every command takes it."""
+    recording = tmp_path / "runs" / "r.rank0.pid7.jsonl"
+    recording.parent.mkdir()
     messages = [
         make_message(
             "metrics", run="r", rank=0, host="h", ts=float(step), seq=step, step=step, metrics={"loss": 1.0}
@@ -137,7 +139,7 @@ def test_open_from_a_recording_on_the_command_line(tmp_path: Path) -> None:
         _tuimon(
             "new",
             "--recording",
-            str(recording),
+            str(tmp_path / "runs" / "r"),
             "--event",
             "0-1",
             "--window",

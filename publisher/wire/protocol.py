@@ -140,6 +140,19 @@ def latest_update(step: int | None, message: str, value: Any = None,
     return latest
 
 
+def fold_event_update(first_message: str, first_details: Mapping[str, Any],
+                      update: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An episode's ``update`` as readers keep it, given what they heard first of it: an update
+    with ``latest`` already carries what set the episode off; one from a publisher older than that
+    field carries the latest repeat's message and details, which become its ``latest``."""
+    if "latest" in update or update["message"] == first_message:
+        return update
+    details = update.get("details")
+    last_step = details.get("last_step") if isinstance(details, dict) else None
+    latest = latest_update(last_step if isinstance(last_step, int) else None, update["message"])
+    return {**update, "message": first_message, "details": first_details, "latest": latest}
+
+
 def update_words(count: int, latest: Mapping[str, Any] | None) -> str:
     """``×200, latest at step 601: loss 1.28 …``: an event's repeats since it fired, in words, from
     its ``count`` and ``latest`` field ("" while it has not repeated)."""

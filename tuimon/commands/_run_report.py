@@ -42,15 +42,14 @@ def worst_severity(accounts: Sequence[Mapping[str, Any]]) -> str | None:
 def report_lines(accounts: Sequence[Mapping[str, Any]], *, wall_s: float, exit_status: int,
                  record: str | None) -> list[str]:
     """The lines of the summary (each printed after ``tuimon: ``)."""
-    from tuimon.ui.format import duration
-
     if not accounts:
         return [f"the command ended (exit status {exit_status}) after {wall_s:.1f} s without "
                 "starting a publisher: none of its processes ran an optimizer step under PyTorch with "
                 "tuimon's hooks"]
     steps = max((a["last_step"] for a in accounts if isinstance(a.get("last_step"), int)), default=None)
     run = accounts[0].get("run")
-    took = f"{wall_s:.1f} s" if wall_s < 60 else duration(wall_s)
+    minutes, seconds = divmod(round(wall_s), 60)
+    took = f"{wall_s:.1f} s" if wall_s < 60 else f"{minutes} min {seconds} s"
     lines = [f"run {run} ended (exit status {exit_status}) after "
              + (f"{steps:,} steps in " if steps is not None else "")
              + f"{took}, {len(accounts)} rank{'s' if len(accounts) != 1 else ''}"]

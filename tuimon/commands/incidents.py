@@ -127,9 +127,9 @@ def _args_new(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary", default="", help="what happened, in a few sentences")
     parser.add_argument(
         "--recording",
-        type=Path,
-        metavar="FILE",
-        help="open from an event of a recording (--record FILE of a run), capturing its context",
+        metavar="RECORDING",
+        help="open from an event of a recording (a .jsonl file, the PREFIX of `tuimon run --record "
+        "PREFIX`, or a folder of them), capturing its context",
     )
     parser.add_argument("--event", metavar="EVENT_ID", help="with --recording: the event's id (e.g. 0-17)")
     parser.add_argument("--window", type=int, default=50, help="steps of metrics kept each side (default 50)")

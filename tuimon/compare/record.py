@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from publisher.wire.protocol import read_number
+from publisher.wire.protocol import fold_event_update, read_number
 from tuimon.compare.curves import Curve
 from tuimon.sink import Batch, Sink
 from tuimon.store import THROUGHPUT_METRICS
@@ -107,9 +107,7 @@ class RunCollector(Sink):
             if previous is None:
                 run.events[key] = message
             elif (message.get("count") or 1) >= (previous.get("count") or 1):
-                # What set the episode off stays (an older publisher's updates carry the latest
-                # repeat's message and details).
-                run.events[key] = {**message, "message": previous["message"], "details": previous["details"]}
+                run.events[key] = fold_event_update(previous["message"], previous["details"], message)
         elif kind == "invariant":
             run.invariants[(rank, message["name"])] = message
         elif kind == "gpu":

@@ -209,7 +209,7 @@ class KnowledgeBase:
 
     def open_from_recording(
         self,
-        recording: Path,
+        recording: str | Path,
         event_id: str,
         *,
         window: int = capture.DEFAULT_WINDOW,
@@ -218,7 +218,8 @@ class KnowledgeBase:
         summary: str = "",
         severity: str | None = None,
     ) -> Incident:
-        """Open an incident from event ``event_id`` of a run's recording, with the same evidence."""
+        """Open an incident from event ``event_id`` of a run's recording (a file, a ``--record``
+        prefix, a folder), with the same evidence."""
         found, captured = capture.from_recording(recording, event_id, window=window)
         return self._open_event(found, captured, title=title, tags=tags, summary=summary, severity=severity)
 

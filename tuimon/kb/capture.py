@@ -14,9 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from publisher.wire.protocol import SEVERITIES, ProtocolError, read_number, wire_number
+from publisher.wire.protocol import SEVERITIES, ProtocolError, fold_event_update, read_number, wire_number
 from publisher.wire.recorder import read_recording
 from tuimon.errors import UserError
+from tuimon.sources.recording_files import resolve_recordings
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -229,28 +230,33 @@ def severity_for(events: Sequence[Mapping[str, Any]]) -> str:
 # -- recordings ------------------------------------------------------------------------------
 
 
-def _read_recording(path: Path) -> Iterator[dict[str, Any]]:
-    """Valid messages of a JSON Lines recording; malformed lines are skipped (as the viewer does)."""
-    try:
-        for _, _, message in read_recording(path):
-            if not isinstance(message, ProtocolError):
-                yield message
-    except OSError as exc:
-        raise UserError(f"cannot read the recording {path}: {exc.strerror}") from None
+def _read_recordings(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """Valid messages of JSON Lines recordings, file after file (an episode's updates are in its
+    rank's file, in order); malformed lines are skipped (as the viewer does)."""
+    for path in paths:
+        try:
+            for _, _, message in read_recording(path):
+                if not isinstance(message, ProtocolError):
+                    yield message
+        except OSError as exc:
+            raise UserError(f"cannot read the recording {path}: {exc.strerror}") from None
 
 
 def from_recording(
-    path: Path, event_id: str, *, window: int = DEFAULT_WINDOW
+    target: str | Path, event_id: str, *, window: int = DEFAULT_WINDOW
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The event ``event_id`` of a recording (its latest update) and the context around it."""
+    """The event ``event_id`` of a recording (a file, a ``--record`` prefix, a folder: its latest
+    update, with what set it off) and the context around it."""
+    paths = resolve_recordings([target])
     event: dict[str, Any] | None = None
     run_starts: dict[tuple[str, int], dict[str, Any]] = {}
     seen_ids: list[str] = []
-    for message in _read_recording(path):
+    for message in _read_recordings(paths):
         if message["type"] == "event":
             seen_ids.append(str(message.get("id")))
             if str(message.get("id")) == event_id:
-                event = message
+                event = dict(message if event is None
+                             else fold_event_update(event["message"], event["details"], message))
         elif message["type"] == "run_start":
             run_starts[(message["run"], message["rank"])] = message
     if event is None:
@@ -259,13 +265,13 @@ def from_recording(
             if seen_ids
             else " (it holds no events)"
         )
-        raise UserError(f"no event {event_id!r} in {path}{hint}")
+        raise UserError(f"no event {event_id!r} in {target}{hint}")
     run, rank = event["run"], event["rank"]
     first, last = event_steps([event])
     lo, hi = (first or 0) - window, (last or 0) + window
     in_window: list[dict[str, Any]] = []
     gpu_before: list[dict[str, Any]] = []
-    for message in _read_recording(path):
+    for message in _read_recordings(paths):
         if message["run"] != run:
             continue
         if message["type"] == "metrics" and message["rank"] == rank and lo <= message["step"] <= hi:

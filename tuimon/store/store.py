@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from publisher.wire import stall
-from publisher.wire.protocol import ProtocolError, numbered_by_sender, read_number
+from publisher.wire.protocol import ProtocolError, fold_event_update, numbered_by_sender, read_number
 from publisher.wire.stall import BUSY, STUCK, WAITING, Stall
 from tuimon.sink import Batch, News, Notice, Sink, SourceStatus
 from tuimon.store.job import JobState, JobView
@@ -450,18 +450,12 @@ class Store(Sink):
         count = message.get("count")
         if previous is not None and isinstance(count, int) and count < previous.count:
             return  # an older update of the episode (from a late joiner's snapshot): keep the newer
+        if previous is not None:
+            message = fold_event_update(previous.message, previous.details, message)
         text, details = message["message"], message.get("details")
         details = details if isinstance(details, dict) else {}
-        latest_step, latest_text, latest_details = None, None, None
         latest = message.get("latest")
-        if isinstance(latest, dict):
-            latest_step, latest_text = latest.get("step"), latest["message"]
-            latest_details = latest.get("details")  # validated: an object or absent
-        elif previous is not None and text != previous.message:
-            # An update from a publisher older than the ``latest`` field: its message and details
-            # are the latest repeat's; what set the episode off is what was heard first.
-            latest_step, latest_text = details.get("last_step"), text
-            text, details = previous.message, previous.details
+        latest = latest if isinstance(latest, dict) else {}  # validated: an object or absent
         run.events[event_id] = EventRecord(
             id=event_id,
             rank=rank,
@@ -473,9 +467,9 @@ class Store(Sink):
             count=count if isinstance(count, int) and not isinstance(count, bool) else 1,
             ts=ts,
             first_ts=previous.first_ts if previous else ts,
-            latest_step=latest_step if isinstance(latest_step, int) else None,
-            latest_message=latest_text,
-            latest_details=latest_details,
+            latest_step=latest.get("step"),
+            latest_message=latest.get("message"),
+            latest_details=latest.get("details"),
         )
         if len(run.events) > MAX_EVENTS:
             run.events.popitem(last=False)

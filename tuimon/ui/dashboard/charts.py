@@ -27,6 +27,14 @@ from tuimon.ui.plot import envelope, set_y_axis, theme_rgb, wide_range
 MAX_TABS = 24
 #: Metrics shown first, in this order; others follow in the order they appeared.
 PREFERRED_METRICS = ("loss", "lr", "grad_norm", *THROUGHPUT_METRICS, "step_time", "data_time")
+#: The unit of each standard metric (docs/protocol.md, ``metrics``), said in the chart's title; the
+#: loss, the learning rate and the norms have none.
+METRIC_UNITS = {
+    "step_time": "s", "data_time": "s", "compute_time": "s",
+    "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",
+    "host_mem_bytes": "bytes", "cuda_mem_allocated": "bytes", "cuda_mem_reserved": "bytes",
+    "cuda_mem_peak": "bytes", "cpu_wait": "share of the time",
+}
 #: Theme variable for an event marker of each severity (the theme decides the actual colours,
 #: so the high-contrast theme's markers differ in brightness too).
 _EVENT_COLORS = {"critical": "error", "warning": "warning", "info": "secondary"}
@@ -41,6 +49,7 @@ def _band_rgb(widget: MetricChart) -> tuple[int, int, int]:
 def order_metrics(names: list[str]) -> list[str]:
     preferred = [name for name in PREFERRED_METRICS if name in names]
     return preferred + [name for name in names if name not in preferred]
+
 
 
 class MetricChart(Vertical):
@@ -165,7 +174,9 @@ class MetricChart(Vertical):
         plt.clear_data()
         width = max(plot.size.width - 12, 10)
         xs, ys = envelope(steps, values, width)
+        unit = METRIC_UNITS.get(self.metric)
         name = self.metric if rank is None else f"{self.metric} of rank {rank}"
+        name += f" ({unit})" if unit else ""
         title = f"{name}  last {number(values[-1])}" if values else f"{name}: no data yet"
         if xs:
             spans = band_columns(baseline.steps, baseline.low, baseline.high, width) if baseline else []
