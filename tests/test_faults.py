@@ -157,7 +157,7 @@ def test_detector_events_say_what_was_seen_and_why(suite: Path) -> None:
     assert details["classes_seen"] >= 2
     # What set it off (the event keeps its first finding): chance under shuffling below the
     # detector's alpha, and far fewer one-class batches expected than were seen.
-    assert details["p_value"] < 1e-9 and len(details["recent_batches"]) == 8
+    assert details["p_value"] < 1e-9 and 0 < len(details["recent_batches"]) <= 8  # the last ones seen
     assert details["expected_if_shuffled"] < details["single_class_batches"] / 100
     [nan] = h.recordings_of("fault_nan_loss", 1, suite)
     [event] = nan.events("nonfinite_loss")

@@ -236,11 +236,11 @@ async def open_incidents(pilot: Pilot) -> IncidentScreen:
     return screen
 
 
-async def open_runbook(pilot: Pilot) -> None:
-    """Incident #1 (a loss spike, two runbook steps ticked) opened from the list: its fields,
-    checklist and timeline."""
+async def open_runbook(pilot: Pilot, number: int = 1) -> None:
+    """Incident ``number`` (#1: a loss spike, two runbook steps ticked) opened from the list: its
+    fields, checklist and timeline."""
     screen = await open_incidents(pilot)
-    while screen.selected_number() != 1:
+    while screen.selected_number() != number:
         await pilot.press("down")
     await pilot.press("enter")
     checklist = screen.query_one(RunbookChecklist)
@@ -329,6 +329,17 @@ def test_incident_with_its_runbook(snap_compare: Snap, knowledge_base: Path, siz
     assert matches
 
 
+def test_a_runbook_reads_as_rendered_markdown(snap_compare: Snap, knowledge_base: Path) -> None:
+    """Incident #3 (a NaN loss): its runbook's steps with ``**before**`` in bold and `code` in the
+    accent colour, never the Markdown as typed."""
+
+    async def open_third(pilot: Pilot) -> None:
+        await open_runbook(pilot, 3)
+        checklist = pilot.app.screen.query_one(RunbookChecklist)
+        shown = "\n".join(str(checklist.get_option_at_index(i).prompt) for i in range(checklist.option_count))
+        assert "written before the event's step" in shown and "**" not in shown
+
+    assert snap_compare(replay_app(kb_dir=knowledge_base), terminal_size=(100, 30), run_before=open_third)
 
 
 # ------------------------------------------------------------------------------------ the job view
