@@ -48,8 +48,6 @@ class _Episode:
 EmitEvent = Callable[[int | None, dict[str, Any]], None]
 
 _SEVERITY_RANK = {name: i for i, name in enumerate(SEVERITIES)}
-#: Tells a key a finding's details lack from one whose value is None.
-_MISSING = object()
 
 
 class EpisodeTracker:
@@ -148,8 +146,7 @@ class EpisodeTracker:
             "count": episode.count,
         }
         if episode.latest_message is not None:
-            changed = {key: value for key, value in (episode.latest_details or {}).items()
-                       if episode.details.get(key, _MISSING) != value}
-            body["latest"] = latest_update(episode.last_step, episode.latest_message, episode.latest_value,
-                                           json_safe(changed))
+            body["latest"] = json_safe(latest_update(episode.last_step, episode.latest_message,
+                                                     episode.latest_value, episode.latest_details,
+                                                     episode.details))
         self._emit(episode.first_step, body)

@@ -127,16 +127,19 @@ def make_message(
 
 
 def latest_update(step: int | None, message: str, value: Any = None,
-                  details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  details: Mapping[str, Any] | None = None,
+                  first_details: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """An event update's ``latest`` field: the episode's latest finding (its step, its message, its
-    value where it has one, and ``details``: those of its details that differ from the first
-    finding's, such as a stall's ``resumed``), sent beside the first finding's ``message`` and
+    value where it has one, and those of its ``details`` that differ from ``first_details``, the
+    first finding's, such as a stall's ``resumed``), sent beside the first finding's ``message`` and
     ``details``, which say what set the episode off."""
     latest: dict[str, Any] = {"step": step, "message": message}
     if isinstance(value, int | float) and not isinstance(value, bool):
         latest["value"] = wire_number(value)
-    if details:
-        latest["details"] = dict(details)
+    first = first_details or {}
+    changed = {key: item for key, item in (details or {}).items() if key not in first or first[key] != item}
+    if changed:
+        latest["details"] = changed
     return latest
 
 

@@ -141,10 +141,9 @@ class Analysis:
             }
             if episode.count > 1:
                 latest_step = finding.details.get("step")
-                changed = {key: value for key, value in finding.details.items()
-                           if episode.details.get(key) != value}
                 body["latest"] = latest_update(latest_step if isinstance(latest_step, int) else None,
-                                               finding.message, details=changed)
+                                               finding.message, details=finding.details,
+                                               first_details=episode.details)
             yield (
                 "event",
                 finding.run,
